@@ -1,0 +1,88 @@
+"""cockpit_core: the small core of cockpit, a visual and statistical debugger for PyTorch.
+
+The core defines the quantity protocol, scheduling, caching and requirement merging;
+quantities live in plugins found through the ``cockpit`` entry-point group.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from cockpit_core.backends.backpack import extend
+from cockpit_core.cache import Cache
+from cockpit_core.cockpit import Cockpit, CockpitWarning
+from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities
+from cockpit_core.context import StepContext
+from cockpit_core.errors import (
+    CockpitError,
+    ConfigError,
+    DuplicateQuantityError,
+    MissingInfoError,
+    MisuseError,
+    PluginError,
+    RequirementConflictError,
+    UnknownQuantityError,
+    UnsupportedModelError,
+)
+from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
+from cockpit_core.log import read_log
+from cockpit_core.quantity import Quantity, QuantityConfig, TwoStepQuantity
+from cockpit_core.registry import Registry, default_registry
+from cockpit_core.requirements import (
+    BATCH_DOT,
+    BATCH_L2,
+    DIAG_GGN_EXACT,
+    DIAG_HESSIAN,
+    GRAD_BATCH,
+    SUM_GRAD_SQUARED,
+    Requirements,
+    Statistic,
+    diag_ggn_mc,
+    per_sample_transform,
+)
+from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
+
+try:
+    __version__ = version("cockpit-core")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "BATCH_DOT",
+    "BATCH_L2",
+    "DIAG_GGN_EXACT",
+    "DIAG_HESSIAN",
+    "GRAD_BATCH",
+    "PROTOCOL_VERSION",
+    "SUM_GRAD_SQUARED",
+    "Cache",
+    "Cockpit",
+    "CockpitError",
+    "CockpitWarning",
+    "ConfigError",
+    "DuplicateQuantityError",
+    "EveryN",
+    "ExplicitSteps",
+    "Logarithmic",
+    "MisuseError",
+    "MissingInfoError",
+    "PluginError",
+    "Quantity",
+    "QuantityConfig",
+    "Registry",
+    "RequirementConflictError",
+    "Requirements",
+    "Statistic",
+    "StepContext",
+    "TwoStepQuantity",
+    "UnknownQuantityError",
+    "UnsupportedModelError",
+    "__version__",
+    "config_json_schema",
+    "default_registry",
+    "diag_ggn_mc",
+    "extend",
+    "hookimpl",
+    "load_config_file",
+    "per_sample_transform",
+    "read_log",
+    "resolve_quantities",
+]

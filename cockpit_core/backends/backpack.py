@@ -1,0 +1,182 @@
+"""Per-sample statistics from BackPACK (Dangel et al., 2020, "BackPACK: Packing more into backprop").
+
+All statistics of a module's parameters are computed in BackPACK's ``extension_hook``,
+right after that module's backward pass, and BackPACK's save fields are deleted at once,
+so per-sample gradients of one layer are never alive together with those of the next.
+
+BackPACK scales per-sample gradients of a mean-reduced loss by ``1/B``; this backend
+undoes the scaling, so statistics follow the convention of
+:mod:`cockpit_core.requirements` (``g_n`` is the gradient of sample ``n``'s own loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from backpack import backpack
+from backpack import extend as _backpack_extend
+from backpack.extensions import (
+    BatchGrad,
+    BatchL2Grad,
+    DiagGGNExact,
+    DiagGGNMC,
+    DiagHessian,
+    SumGradSquared,
+)
+from torch import Tensor
+
+from cockpit_core.requirements import MergedRequirements, Statistic
+
+# statistic kind -> BackPACK save field of the curvature extensions
+_CURVATURE_FIELDS = {
+    "diag_hessian": "diag_h",
+    "diag_ggn_exact": "diag_ggn_exact",
+    "diag_ggn_mc": "diag_ggn_mc",
+}
+_SAVE_FIELDS = ("grad_batch", "batch_l2", "sum_grad_squared", *_CURVATURE_FIELDS.values())
+
+
+def extend(module: torch.nn.Module) -> torch.nn.Module:
+    """Prepare a model or loss module for per-sample statistics (BackPACK's ``extend``).
+
+    Call it on the model and on the loss function before training::
+
+        model = cockpit_core.extend(model)
+        loss_fn = cockpit_core.extend(torch.nn.CrossEntropyLoss())
+    """
+    return _backpack_extend(module)
+
+
+class BackpackBackend:
+    """Computes merged statistics with BackPACK extensions during ``backward``."""
+
+    name = "backpack"
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], param_names: Sequence[str]):
+        self.params = list(params)
+        self.param_names = list(param_names)
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+
+    def extensions(self, merged: MergedRequirements) -> list:
+        """The BackPACK extensions that produce ``merged.statistics``."""
+        kinds = {s.kind for s in merged.statistics}
+        exts: list = []
+        if kinds & {"batch_dot", "grad_batch", "transform"}:
+            exts.append(BatchGrad())
+        else:
+            if "batch_l2" in kinds:
+                exts.append(BatchL2Grad())
+            if "sum_grad_squared" in kinds:
+                exts.append(SumGradSquared())
+        for stat in merged.statistics:
+            if stat.kind == "diag_hessian":
+                exts.append(DiagHessian())
+            elif stat.kind == "diag_ggn_exact":
+                exts.append(DiagGGNExact())
+            elif stat.kind == "diag_ggn_mc":
+                exts.append(DiagGGNMC(mc_samples=dict(stat.options)["mc_samples"]))
+        return exts
+
+    @contextmanager
+    def collect(
+        self, merged: MergedRequirements, batch_size: int
+    ) -> Iterator[tuple[dict[tuple[str, str], list[Tensor | None]], dict[tuple[str, str], str]]]:
+        """Run the user's backward pass inside this context to fill the statistics.
+
+        Yields:
+            ``(statistics, missing)``: ``statistics[identity][i]`` for parameter ``i``
+            (filled during backward), and, after the block, ``missing[identity]`` with a
+            message for each statistic that some parameters did not receive.
+
+        """
+        stats = merged.statistics
+        results: dict[tuple[str, str], list[Tensor | None]] = {
+            s.identity: [None] * len(self.params) for s in stats
+        }
+        missing: dict[tuple[str, str], str] = {}
+        modules: dict[int, str] = {}
+
+        def hook(module: torch.nn.Module) -> None:
+            for p in module.parameters(recurse=False):
+                i = self._index.get(id(p))
+                if i is None:
+                    continue
+                modules[i] = type(module).__name__
+                self._collect_param(p, i, stats, results, batch_size)
+            for p in module.parameters(recurse=False):
+                for save_field in _SAVE_FIELDS:
+                    if hasattr(p, save_field):
+                        delattr(p, save_field)
+
+        with backpack(*self.extensions(merged), extension_hook=hook):
+            yield results, missing
+        missing.update(self._find_missing(stats, results, modules))
+
+    @staticmethod
+    def _collect_param(
+        p: torch.nn.Parameter,
+        i: int,
+        stats: Sequence[Statistic],
+        results: dict[tuple[str, str], list[Tensor | None]],
+        batch_size: int,
+    ) -> None:
+        grad_batch = getattr(p, "grad_batch", None)
+        if grad_batch is not None:
+            grad_batch = grad_batch.detach() * batch_size  # undo BackPACK's 1/B
+            flat = grad_batch.flatten(start_dim=1)
+        for stat in stats:
+            kind = stat.kind
+            value: Tensor | None = None
+            if kind in _CURVATURE_FIELDS:
+                value = getattr(p, _CURVATURE_FIELDS[kind], None)
+            elif grad_batch is not None:
+                if kind == "batch_l2":
+                    value = (flat**2).sum(1)
+                elif kind == "sum_grad_squared":
+                    value = (grad_batch**2).sum(0)
+                elif kind == "batch_dot":
+                    value = flat @ flat.T
+                elif kind == "grad_batch":
+                    value = grad_batch
+                elif kind == "transform":
+                    value = stat.fn(grad_batch, p.detach())  # type: ignore[misc]
+            elif kind == "batch_l2" and hasattr(p, "batch_l2"):
+                value = p.batch_l2 * batch_size**2
+            elif kind == "sum_grad_squared" and hasattr(p, "sum_grad_squared"):
+                value = p.sum_grad_squared * batch_size**2
+            if value is not None:
+                results[stat.identity][i] = value.detach()
+
+    def _find_missing(
+        self,
+        stats: Sequence[Statistic],
+        results: dict[tuple[str, str], list[Tensor | None]],
+        modules: dict[int, str],
+    ) -> dict[tuple[str, str], str]:
+        missing = {}
+        for stat in stats:
+            values = results[stat.identity]
+            lacking = [
+                i for i, p in enumerate(self.params) if values[i] is None and p.grad is not None
+            ]
+            if not lacking:
+                continue
+            if not modules:
+                missing[stat.identity] = (
+                    f"No statistic {stat.describe()} was computed: the model and the loss "
+                    "function must be extended for BackPACK. Call model = "
+                    "cockpit_core.extend(model) and loss_fn = cockpit_core.extend(loss_fn)."
+                )
+                continue
+            where = ", ".join(
+                f"'{self.param_names[i]}' ({modules.get(i, 'module not extended')})"
+                for i in lacking
+            )
+            missing[stat.identity] = (
+                f"BackPACK computed no {stat.describe()} for parameter(s) {where}: it does not "
+                "support these modules for this statistic. Track quantities that do not need "
+                "it, or replace the module (see `cockpit check`)."
+            )
+        return missing

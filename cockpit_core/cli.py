@@ -1,0 +1,197 @@
+"""The ``cockpit`` command line.
+
+Sub-commands::
+
+    cockpit plugins [--json]        installed plugins, their versions and load errors
+    cockpit quantities [--json]     installed quantities with their options
+    cockpit schema                  JSON schema of config files (for editor autocomplete)
+    cockpit validate CONFIG         check a config file (exit code 0 valid, 1 invalid)
+    cockpit demo [...]              train a small model with cockpit on (the main demo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from cockpit_core.errors import CockpitError
+
+
+def _field_rows(config_cls: Any) -> list[dict[str, Any]]:
+    rows = []
+    for name, field in config_cls.model_fields.items():
+        default = field.default if not field.is_required() else None
+        rows.append(
+            {
+                "name": name,
+                "type": str(field.annotation).replace("typing.", ""),
+                "default": default
+                if isinstance(default, (int, float, str, bool, type(None)))
+                else repr(default),
+                "required": field.is_required(),
+                "description": field.description or "",
+            }
+        )
+    return rows
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """List plugins with their state."""
+    from cockpit_core.registry import default_registry
+
+    registry = default_registry()
+    rows = [
+        {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "module": p.module,
+            "ok": p.ok,
+            "error": p.error,
+            "quantities": p.quantities,
+            "presets": p.presets,
+        }
+        for p in registry.plugins
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("No cockpit plugins installed. Install one, e.g. `pip install cockpit-basic`.")
+    for r in rows:
+        state = "ok" if r["ok"] else f"SKIPPED: {r['error']}"
+        print(f"{r['name']}  ({r['distribution']} {r['version']})  {state}")
+        if r["quantities"]:
+            print(f"    quantities: {', '.join(r['quantities'])}")
+        if r["presets"]:
+            print(f"    presets: {', '.join(r['presets'])}")
+    for name, err in registry.conflicts.items():
+        print(f"CONFLICT {name}: {err}")
+    return 0
+
+
+def cmd_quantities(args: argparse.Namespace) -> int:
+    """List quantities and their options."""
+    from cockpit_core.registry import default_registry
+
+    registry = default_registry()
+    rows = []
+    for name in registry.names():
+        entry = registry.quantities[name]
+        doc = (entry.cls.__doc__ or "").strip().splitlines()
+        rows.append(
+            {
+                "name": name,
+                "class": entry.cls.__name__,
+                "distribution": entry.distribution,
+                "version": entry.version,
+                "two_step": entry.cls.two_step,
+                "summary": doc[0] if doc else "",
+                "options": _field_rows(entry.cls.Config),
+            }
+        )
+    presets = {
+        p.name: {
+            "distribution": p.distribution,
+            "description": p.description,
+            "quantities": list(map(str, p.quantities)),
+        }
+        for p in registry.presets.values()
+    }
+    if args.json:
+        print(json.dumps({"quantities": rows, "presets": presets}, indent=2, default=str))
+        return 0
+    for r in rows:
+        print(f"{r['name']}  [{r['distribution']} {r['version']}]  {r['summary']}")
+        for o in r["options"]:
+            print(f"    {o['name']} = {o['default']!r}  ({o['type']}) {o['description']}")
+    for name, p in presets.items():
+        print(f"preset {name}  [{p['distribution']}]: {', '.join(p['quantities'])}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Print the JSON schema of config files."""
+    from cockpit_core.config import config_json_schema
+    from cockpit_core.registry import default_registry
+
+    print(json.dumps(config_json_schema(default_registry()), indent=2))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate a config file without training."""
+    from cockpit_core.config import load_config_file, parse_settings, resolve_quantities
+    from cockpit_core.registry import default_registry
+
+    try:
+        data = load_config_file(args.config)
+        settings = parse_settings(data, args.config)
+        quantities = resolve_quantities(settings.quantities, default_registry(), args.config)
+    except CockpitError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(
+        f"{args.config}: valid ({len(quantities)} quantities: {', '.join(q.key for q in quantities)})"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo training."""
+    from cockpit_core.demo import run_demo
+
+    run_demo(preset=args.preset, steps=args.steps, out=args.out, seed=args.seed)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``cockpit`` command."""
+    parser = argparse.ArgumentParser(
+        prog="cockpit", description="A visual and statistical debugger for PyTorch training."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="list installed plugins and load errors")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("quantities", help="list installed quantities and their options")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_quantities)
+
+    p = sub.add_parser("schema", help="print the JSON schema of config files")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("validate", help="check a config file (exit 0 if valid, 1 if not)")
+    p.add_argument("config", help="path of a .toml, .yaml/.yml or .json config file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "demo", help="train a small network on the bundled digits data with cockpit on"
+    )
+    p.add_argument(
+        "--preset", default="economy", help="preset or comma-separated quantities (default economy)"
+    )
+    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--out", default=None, help="run folder (default runs/demo-<time>)")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cockpit`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CockpitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,477 @@
+"""The :class:`Cockpit`: tracks the configured quantities during training."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cockpit_core.backends.backpack import BackpackBackend
+from cockpit_core.cache import Cache
+from cockpit_core.config import (
+    QuantitySpec,
+    load_config_file,
+    parse_settings,
+    resolve_quantities,
+)
+from cockpit_core.context import HessianVectorProducts, StepContext, StepData
+from cockpit_core.errors import ConfigError, MissingInfoError, MisuseError
+from cockpit_core.log import LogWriter
+from cockpit_core.quantity import Quantity
+from cockpit_core.registry import Registry, default_registry
+from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
+
+Record = dict[str, Any]
+Sink = Callable[[Record], None]
+
+
+class CockpitWarning(UserWarning):
+    """A quantity failed at a step; training goes on."""
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One quantity computing one phase (``single``, ``start`` or ``end``) at a step."""
+
+    quantity: Quantity
+    phase: str
+    start_step: int  # storage step
+
+    @property
+    def requirements(self) -> Requirements:
+        q = self.quantity
+        if self.phase == "start":
+            return q.start_requirements()  # type: ignore[attr-defined]
+        if self.phase == "end":
+            return q.end_requirements()  # type: ignore[attr-defined]
+        return q.requirements()
+
+
+class Cockpit:
+    """Track quantities of a training run.
+
+    Args:
+        params: The model's parameters: ``model.parameters()``, ``model.named_parameters()``
+            (names then appear in messages and logs) or the model itself.
+        quantities: A preset name (``"economy"``, ``"business"``, ``"full"``), or a list of
+            quantity names, presets, option dicts (``{"name": "hess_max_ev", "every": 10}``),
+            Quantity classes or instances.
+        on_error: What to do when a quantity raises: ``"warn"`` (record the error, warn,
+            keep tracking), ``"disable"`` (record, warn, stop tracking it) or ``"raise"``.
+        debug: Print what is computed at each step.
+        log: Path of a JSON Lines log that receives each record as it is computed.
+        keep_in_memory: Keep values for :meth:`get_output`; ``False`` only streams them.
+        registry: Plugins to resolve names with (default: every installed plugin).
+
+    Example::
+
+        cp = Cockpit(model.named_parameters(), quantities=["loss", "grad_norm"])
+        for step, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            losses = loss_fn_per_sample(model(x), y)
+            loss = losses.mean()
+            with cp(step, info={"loss": loss, "individual_losses": losses,
+                                "batch_size": len(x), "optimizer": opt}):
+                loss.backward(retain_graph=cp.retain_graph(step))
+            opt.step()
+        cp.get_output()   # {step: {"loss": ..., "grad_norm": ...}}
+
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter]
+        | Iterable[tuple[str, torch.nn.Parameter]]
+        | torch.nn.Module,
+        quantities: QuantitySpec | Iterable[QuantitySpec] = "economy",
+        *,
+        on_error: str = "warn",
+        debug: bool = False,
+        log: str | Path | None = None,
+        keep_in_memory: bool = True,
+        registry: Registry | None = None,
+        _source: str | None = None,
+    ):
+        parse_settings(
+            {
+                "on_error": on_error,
+                "debug": debug,
+                "keep_in_memory": keep_in_memory,
+                "log": None if log is None else str(log),
+            },
+            _source,
+        )
+        self.registry = registry if registry is not None else default_registry()
+        self.params, self.param_names = _split_params(params)
+        self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
+        _check_unique_keys(self.quantities, _source)
+        self.on_error = on_error
+        self.debug = debug
+        self.keep_in_memory = keep_in_memory
+        self.errors: list[Record] = []
+        self.sinks: list[Sink] = []
+        self._log = LogWriter(log) if log is not None else None
+        if self._log is not None:
+            self.sinks.append(self._log)
+        self._backend = BackpackBackend(self.params, self.param_names)
+        self._cache = Cache()
+        self._output: dict[int, dict[str, Any]] = {}
+        self._pending: dict[str, int] = {}  # two-step quantity key -> start step
+        self._disabled: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()
+        self._merged: dict[tuple, MergedRequirements] = {}
+        self._last_step: int | None = None
+        self._in_step = False
+        self._info_checked = False
+        self._emit({"kind": "header", **self.header()})
+
+    # -- construction helpers -------------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls,
+        config: str | Path | Mapping[str, Any],
+        params: Any,
+        registry: Registry | None = None,
+        **overrides: Any,
+    ) -> Cockpit:
+        """Build a Cockpit from a TOML/YAML/JSON file or a dict (see ``docs/configuration.md``).
+
+        Keyword ``overrides`` replace options of the file.
+        """
+        source = None
+        if isinstance(config, (str, Path)):
+            source = str(config)
+            data = load_config_file(config)
+        else:
+            data = dict(config)
+        data.update(overrides)
+        settings = parse_settings(data, source)
+        return cls(
+            params,
+            settings.quantities,
+            on_error=settings.on_error,
+            debug=settings.debug,
+            log=settings.log,
+            keep_in_memory=settings.keep_in_memory,
+            registry=registry,
+            _source=source,
+        )
+
+    def header(self) -> Record:
+        """Versions of the core and plugins, the quantities and a parameter summary."""
+        from cockpit_core import __version__
+
+        return {
+            "cockpit_core": __version__,
+            "plugins": {p.distribution: p.version for p in self.registry.plugins if p.ok},
+            "quantities": [
+                {
+                    "name": q.name,
+                    "key": q.key,
+                    **q.config.model_dump(mode="json", exclude_defaults=True),
+                }
+                for q in self.quantities
+            ],
+            "params": [
+                {"name": n, "shape": list(p.shape), "numel": p.numel()}
+                for n, p in zip(self.param_names, self.params)
+            ],
+        }
+
+    # -- the training-loop API ------------------------------------------------------------
+
+    def __call__(
+        self, step: int, info: Mapping[str, Any] | None = None
+    ) -> contextlib.AbstractContextManager:
+        """Context manager around ``loss.backward()`` for ``step``."""
+        return _StepRun(self, step, dict(info or {}))
+
+    def retain_graph(self, step: int) -> bool:
+        """Whether ``backward`` must keep the graph at ``step`` (a quantity needs HVPs)."""
+        return self._merged_for(self._tasks(step)).loss_graph
+
+    def create_graph(self, step: int) -> bool:
+        """Cockpit 1.0.2 spelling of :meth:`retain_graph`.
+
+        Passing it to ``backward(create_graph=...)`` works (the gradient graph is detached
+        after the step, so nothing leaks), but PyTorch then warns about a reference cycle;
+        prefer ``loss.backward(retain_graph=cp.retain_graph(step))``.
+        """
+        return self.retain_graph(step)
+
+    def get_output(self) -> dict[int, dict[str, Any]]:
+        """All values tracked so far as ``{step: {quantity_key: value}}``."""
+        return {s: dict(v) for s, v in sorted(self._output.items())}
+
+    def write(self, path: str | Path) -> Path:
+        """Write one consolidated JSON file (header, values, errors); read it with ``read_log``."""
+        from cockpit_core.log import dumps
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "header": self.header(),
+            "output": {str(s): v for s, v in self.get_output().items()},
+            "errors": self.errors,
+        }
+        path.write_text(dumps(payload), encoding="utf-8")
+        return path
+
+    def close(self) -> None:
+        """Flush and close the log."""
+        if self._log is not None:
+            self._log.close()
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _tasks(self, step: int) -> list[_Task]:
+        tasks = []
+        for q in self.quantities:
+            if q.key in self._disabled:
+                continue
+            if q.two_step:
+                start = self._pending.get(q.key)
+                if start is not None and start < step:
+                    tasks.append(_Task(q, "end", start))
+                if q.is_active(step):
+                    tasks.append(_Task(q, "start", step))
+            elif q.is_active(step):
+                tasks.append(_Task(q, "single", step))
+        return tasks
+
+    def _merged_for(self, tasks: list[_Task]) -> MergedRequirements:
+        key = tuple((t.quantity.key, t.phase) for t in tasks)
+        if key not in self._merged:
+            self._merged[key] = merge_requirements((t.quantity.key, t.requirements) for t in tasks)
+        return self._merged[key]
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
+        problems = []
+        for q in quantities:
+            needed = set(q.required_info())
+            if any(s.per_sample for r in q.all_requirements() for s in r.statistics):
+                if "individual_losses" not in info:
+                    needed.add("batch_size")
+            for key in sorted(needed - set(info)):
+                problems.append(f"'{q.key}' needs info['{key}']")
+        if problems:
+            raise MissingInfoError(
+                "Missing info keys: " + "; ".join(problems) + ". Pass them at every step: "
+                "with cp(step, info={...}). Common keys: loss, individual_losses, "
+                "batch_size, optimizer."
+            )
+
+    # -- running a step -------------------------------------------------------------------
+
+    def _run_tasks(
+        self, step: int, tasks: list[_Task], data: StepData, merged: MergedRequirements
+    ) -> None:
+        values: dict[int, dict[str, Any]] = {}
+        for task in tasks:
+            q = task.quantity
+            if q.key in self._disabled:
+                continue
+            allowed = frozenset(s.identity for s in task.requirements.statistics)
+            ctx = StepContext(data, q.key, allowed, self._cache)
+            t0 = time.perf_counter()
+            try:
+                if task.phase == "single":
+                    value = q.compute(ctx)
+                elif task.phase == "start":
+                    self._cache.put(q.key, "__start_state__", q.compute_start(ctx))  # type: ignore[attr-defined]
+                    self._pending[q.key] = step
+                    value = None
+                else:
+                    state = self._cache.pop(q.key, "__start_state__")
+                    del self._pending[q.key]
+                    value = q.compute_end(ctx, state)  # type: ignore[attr-defined]
+            except Exception as err:
+                if task.phase == "end":
+                    self._pending.pop(q.key, None)
+                self._handle_error(q, step, task.phase, err)
+                continue
+            if self.debug:
+                print(
+                    f"[cockpit] step {step}: {q.key} ({task.phase}) {1e3 * (time.perf_counter() - t0):.2f} ms"
+                )
+            if value is not None:
+                values.setdefault(task.start_step, {})[q.key] = to_serializable(value)
+        for s, vals in sorted(values.items()):
+            if self.keep_in_memory:
+                self._output.setdefault(s, {}).update(vals)
+            self._emit({"kind": "values", "step": s, "values": vals})
+
+    def _handle_error(self, q: Quantity, step: int, phase: str, err: Exception) -> None:
+        if self.on_error == "raise":
+            raise err
+        tb = traceback.extract_tb(err.__traceback__)[-3:]
+        record = {
+            "kind": "error",
+            "step": step,
+            "quantity": q.key,
+            "phase": phase,
+            "error": f"{type(err).__name__}: {err}",
+            "traceback": [f"{f.filename}:{f.lineno} in {f.name}" for f in tb],
+        }
+        self.errors.append(record)
+        self._emit(record)
+        action = "it keeps being tracked"
+        if self.on_error == "disable":
+            self._disabled.add(q.key)
+            self._cache.remove_owner(q.key)
+            self._pending.pop(q.key, None)
+            action = "it is disabled for the rest of the run"
+        if (q.key, type(err).__name__) not in self._warned:
+            self._warned.add((q.key, type(err).__name__))
+            warnings.warn(
+                f"cockpit: quantity '{q.key}' failed at step {step} ({type(err).__name__}: {err}); "
+                f"training continues and {action}. Errors are in cp.errors and the log.",
+                CockpitWarning,
+                stacklevel=4,
+            )
+
+    def _emit(self, record: Record) -> None:
+        for sink in list(self.sinks):
+            try:
+                sink(record)
+            except Exception as err:  # a broken sink must not stop training
+                self.sinks.remove(sink)
+                warnings.warn(
+                    f"cockpit: sink {sink!r} failed and was removed: {err}",
+                    CockpitWarning,
+                    stacklevel=3,
+                )
+
+
+class _StepRun:
+    """The ``with cp(step, info=...)`` block of one step."""
+
+    def __init__(self, cockpit: Cockpit, step: int, info: dict[str, Any]):
+        self.cp, self.step, self.info = cockpit, step, info
+        self._backend_ctx: contextlib.AbstractContextManager | None = None
+
+    def __enter__(self) -> _StepRun:
+        cp, step = self.cp, self.step
+        if cp._in_step:
+            raise MisuseError(
+                f"cp({step}) entered while another cockpit step is active; use one "
+                "`with cp(step, ...)` block per training step, around loss.backward()."
+            )
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+            raise MisuseError(f"step must be an integer, got {step!r}.")
+        if cp._last_step is not None and step <= cp._last_step:
+            raise MisuseError(
+                f"step {step} comes after step {cp._last_step}: steps must increase. Pass the "
+                "global iteration counter, not the epoch-local batch index."
+            )
+        if not cp._info_checked:
+            cp._check_info(self.info, [q for q in cp.quantities])
+            cp._info_checked = True
+        self.tasks = cp._tasks(step)
+        cp._check_info(self.info, [t.quantity for t in self.tasks])
+        self.merged = cp._merged_for(self.tasks)
+        cp._in_step = True
+        self.stats: dict = {}
+        self.missing: dict = {}
+        if self.merged.statistics:
+            batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
+            self._backend_ctx = cp._backend.collect(self.merged, int(batch_size))
+            self.stats, self.missing = self._backend_ctx.__enter__()
+        if cp.debug:
+            names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
+            stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
+            print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        cp = self.cp
+        cp._in_step = False
+        try:
+            if self._backend_ctx is not None:
+                self._backend_ctx.__exit__(exc_type, exc, tb)
+        finally:
+            self._backend_ctx = None
+        if exc_type is not None:
+            return False
+        cp._last_step = self.step
+        hvp = (
+            HessianVectorProducts(self.info.get("loss"), cp.params)
+            if self.merged.loss_graph
+            else None
+        )
+        data = StepData(
+            self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp
+        )
+        try:
+            cp._run_tasks(self.step, self.tasks, data, self.merged)
+        finally:
+            data.release()
+            self.stats = {}
+            self.info = {}
+            cp._cache.evict(self.step)
+        return False
+
+
+def _split_params(params: Any) -> tuple[list[torch.nn.Parameter], list[str]]:
+    if isinstance(params, torch.nn.Module):
+        params = params.named_parameters()
+    items = list(params)
+    if not items:
+        raise ConfigError([("params", "no parameters given: pass model.named_parameters()")])
+    if all(isinstance(x, tuple) and len(x) == 2 for x in items):
+        names, ps = [str(n) for n, _ in items], [p for _, p in items]
+    else:
+        ps, names = items, [str(i) for i in range(len(items))]
+    for n, p in zip(names, ps):
+        if not isinstance(p, torch.Tensor):
+            raise ConfigError([("params", f"'{n}' is a {type(p).__name__}, not a torch parameter")])
+    frozen = [n for n, p in zip(names, ps) if not p.requires_grad]
+    if frozen:
+        raise MisuseError(
+            f"parameters {frozen} do not require gradients, so no statistics can be computed "
+            "for them. Pass only trainable parameters: "
+            "[(n, p) for n, p in model.named_parameters() if p.requires_grad]."
+        )
+    return ps, names
+
+
+def _check_unique_keys(quantities: list[Quantity], source: str | None) -> None:
+    seen: dict[str, int] = {}
+    errors = []
+    for i, q in enumerate(quantities):
+        if q.key in seen:
+            errors.append(
+                (
+                    f"quantities.{i}",
+                    f"'{q.key}' is tracked twice (also entry {seen[q.key]}); "
+                    "give one of them a distinct 'label'",
+                )
+            )
+        seen.setdefault(q.key, i)
+    if errors:
+        raise ConfigError(errors, source)
+
+
+def to_serializable(value: Any) -> Any:
+    """Convert tensors to numpy/floats (recursively) so that values can be logged."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return value.item() if value.ndim == 0 else value.numpy()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): to_serializable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_serializable(v) for v in value]
+    return value

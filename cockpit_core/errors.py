@@ -1,0 +1,77 @@
+"""Exceptions raised by cockpit. Every message says what went wrong and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class CockpitError(Exception):
+    """Base class of every error cockpit raises on purpose."""
+
+
+class ConfigError(CockpitError, ValueError):
+    """A configuration (file, dict or keyword arguments) is invalid.
+
+    Attributes:
+        errors: One ``(field_path, message)`` pair per problem, e.g.
+            ``("quantities.2.bins", "Input should be greater than 0")``.
+
+    """
+
+    def __init__(self, errors: list[tuple[str, str]], source: str | None = None):
+        self.errors = errors
+        where = f" in {source}" if source else ""
+        lines = [f"Invalid cockpit configuration{where}:"]
+        lines += [f"  {path or '<root>'}: {msg}" for path, msg in errors]
+        super().__init__("\n".join(lines))
+
+
+class UnknownQuantityError(CockpitError, KeyError):
+    """A quantity (or preset) name is not provided by any installed plugin."""
+
+    def __init__(self, name: str, installed: Iterable[str], kind: str = "quantity"):
+        self.name = name
+        installed = sorted(installed)
+        close = difflib.get_close_matches(name, installed, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        listing = ", ".join(installed) if installed else "(none: install a cockpit plugin)"
+        self.message = (
+            f"Unknown {kind} '{name}'.{hint} Installed: {listing}. "
+            "Run `cockpit quantities` to list them with their options."
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return self.message
+
+
+class DuplicateQuantityError(CockpitError):
+    """Two plugins register the same quantity (or preset) name."""
+
+
+class PluginError(CockpitError):
+    """A plugin failed to load, or a quantity that only it provides was requested."""
+
+
+class RequirementConflictError(CockpitError):
+    """Two quantities request the same statistic with different hyperparameters."""
+
+
+class MissingInfoError(CockpitError, KeyError):
+    """The ``info`` dict passed to ``cockpit(step, info=...)`` lacks a key a quantity needs."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UnsupportedModelError(CockpitError):
+    """A statistic could not be computed for some parameters of the model."""
+
+
+class MisuseError(CockpitError):
+    """The Cockpit object was used in a way that cannot give correct results."""

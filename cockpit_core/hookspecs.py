@@ -1,0 +1,67 @@
+"""Every hook a cockpit plugin can implement, with its version history.
+
+A plugin is a module (or object) named by an entry point in the group ``cockpit``::
+
+    [project.entry-points.cockpit]
+    my_plugin = "my_package.plugin"
+
+Its hook implementations are functions decorated with :data:`hookimpl` whose names match
+the specs below. Each hook receives a ``register`` callback; the core validates what is
+registered and reports name collisions, naming both distributions.
+
+A plugin module may set ``COCKPIT_PROTOCOL_VERSION = <int>``; if it differs from
+:data:`PROTOCOL_VERSION` the plugin is skipped and reported by ``cockpit plugins``.
+
+Compatibility rule: hooks evolve only by adding arguments (pluggy passes an
+implementation only the arguments it names), never by removing or changing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+PROJECT_NAME = "cockpit"
+"""pluggy project name, also the entry-point group plugins register under."""
+
+PROTOCOL_VERSION = 1
+"""Version of the plugin protocol (this module plus the quantity protocol)."""
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_quantities(register: Callable[[type], None]) -> None:
+    """Register the quantity classes this plugin provides.
+
+    Call ``register(QuantityClass)`` once per class. The class must subclass
+    :class:`cockpit_core.Quantity` with a unique snake_case ``name``; its class name is
+    accepted as an alias in configs.
+
+    Added in protocol version 1.
+    """
+
+
+@hookspec
+def register_presets(register: Callable[..., None]) -> None:
+    """Register named presets: lists of quantities usable as ``quantities="economy"``.
+
+    Call ``register(name, quantities, description="")`` where ``quantities`` is a list of
+    quantity names or config dicts (``{"name": "hess_max_ev", "every": 10}``). Members
+    may come from other plugins; a preset whose members are not installed gives a clear
+    error only when it is used.
+
+    Added in protocol version 1.
+    """
+
+
+HOOK_NAMES: tuple[str, ...] = ("register_quantities", "register_presets")
+"""All hook names, in documentation order (meta-tests check docs and tests cover each)."""
+
+
+def hook_signatures() -> dict[str, Any]:
+    """Map each hook name to its spec function (for docs and meta-tests)."""
+    return {name: globals()[name] for name in HOOK_NAMES}

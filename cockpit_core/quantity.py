@@ -1,0 +1,208 @@
+"""The quantity protocol: what a plugin implements to add a quantity to cockpit.
+
+A quantity is a class with
+
+* ``name``: snake_case identifier, used as config key, output key and panel key;
+* ``Config``: a pydantic model (subclass of :class:`QuantityConfig`) with its options;
+* ``requirements()``: the statistics, ``info`` keys and loss graph it needs;
+* ``compute(ctx)``: the math, reading statistics from the :class:`StepContext`.
+
+Two-step quantities (values that compare two consecutive tracked steps, such as the update
+size) subclass :class:`TwoStepQuantity` and implement ``compute_start``/``compute_end``;
+the core keeps the start state in its cache and stores the value under the start step.
+See ``docs/writing_quantities.md`` for a walk-through.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from cockpit_core.errors import ConfigError
+from cockpit_core.requirements import NO_REQUIREMENTS, Requirements
+from cockpit_core.schedules import EveryN, Schedule, ScheduleFn, as_schedule_fn
+
+if TYPE_CHECKING:
+    from cockpit_core.context import StepContext
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
+"""Quantity names are snake_case: lower-case words joined by single underscores."""
+
+
+class QuantityConfig(BaseModel):
+    """Options every quantity has. Subclass it to add a quantity's own options.
+
+    Every field needs a ``description`` and a default; unknown keys are rejected.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int | None = Field(
+        None, ge=1, description="Track every this many steps (default 1). Shorthand for schedule."
+    )
+    offset: int = Field(0, ge=0, description="First step tracked by `every`.")
+    schedule: Schedule | None = Field(
+        None, description="When to track, as data: kind 'every', 'log' or 'steps'."
+    )
+    label: str | None = Field(
+        None,
+        description="Output key; defaults to the quantity name. Needed to track one "
+        "quantity twice with different options.",
+    )
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> QuantityConfig:
+        if self.schedule is not None and (self.every is not None or self.offset != 0):
+            raise ValueError("give either 'schedule' or 'every'/'offset', not both")
+        return self
+
+    def resolved_schedule(self) -> ScheduleFn:
+        """The schedule these options describe (every step if none is given)."""
+        if self.schedule is not None:
+            return self.schedule
+        return EveryN(every=self.every or 1, offset=self.offset)
+
+
+def validate_config(config_cls: type[BaseModel], data: dict[str, Any], prefix: str = "") -> Any:
+    """Validate ``data`` against ``config_cls``; raise :class:`ConfigError` with field paths."""
+    try:
+        return config_cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(pydantic_errors(err, prefix)) from None
+
+
+def pydantic_errors(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    """Turn a pydantic error into ``(dotted.field.path, message)`` pairs."""
+    out = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"]))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown option (check the spelling; `cockpit quantities` lists the options)"
+        out.append((path, msg))
+    return out
+
+
+class Quantity:
+    """Base class of all quantities tracked at a single step.
+
+    Subclasses set ``name`` and, if they have options, ``Config``; they override
+    :meth:`requirements` (or set ``REQUIREMENTS``) and :meth:`compute`.
+
+    Args:
+        config: Options as a ``Config`` instance or a dict.
+        schedule: A callable ``step -> bool`` overriding the configured schedule.
+        **options: Options as keyword arguments (merged over ``config``).
+
+    Raises:
+        ConfigError: The options are invalid; the message names each bad field.
+
+    """
+
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[QuantityConfig]] = QuantityConfig
+    REQUIREMENTS: ClassVar[Requirements] = NO_REQUIREMENTS
+    two_step: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        config: QuantityConfig | dict[str, Any] | None = None,
+        *,
+        schedule: ScheduleFn | None = None,
+        **options: Any,
+    ):
+        check_quantity_class(type(self))
+        if isinstance(config, self.Config) and not options:
+            self.config = config
+        else:
+            data = (
+                config.model_dump(exclude_unset=True)
+                if isinstance(config, BaseModel)
+                else dict(config or {})
+            )
+            data.update(options)
+            self.config = validate_config(self.Config, data, prefix=self.name)
+        self.schedule: ScheduleFn = as_schedule_fn(schedule or self.config.resolved_schedule())
+
+    @property
+    def key(self) -> str:
+        """Output key of this instance: the ``label`` option or the quantity name."""
+        return self.config.label or self.name
+
+    def is_active(self, step: int) -> bool:
+        """Whether the quantity computes (or starts computing) at ``step``."""
+        return bool(self.schedule(step))
+
+    def requirements(self) -> Requirements:
+        """What :meth:`compute` needs. Defaults to the class attribute ``REQUIREMENTS``."""
+        return self.REQUIREMENTS
+
+    def all_requirements(self) -> list[Requirements]:
+        """Requirements of every phase (one for single-step quantities)."""
+        return [self.requirements()]
+
+    def required_info(self) -> frozenset[str]:
+        """``info`` keys needed at any phase; checked when a step begins."""
+        keys: frozenset[str] = frozenset()
+        for req in self.all_requirements():
+            keys |= req.info
+        return keys
+
+    def compute(self, ctx: StepContext) -> Any:
+        """Return this step's value (numbers, numpy arrays, dicts/lists of them) or ``None``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute(ctx).")
+
+    def __repr__(self) -> str:
+        opts = self.config.model_dump(exclude_defaults=True)
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
+
+
+class TwoStepQuantity(Quantity):
+    """A quantity that needs a start step and the step after it.
+
+    At a scheduled step ``s`` the core calls :meth:`compute_start` and keeps its result in
+    the cross-step cache; at the next step the Cockpit sees, it calls :meth:`compute_end`
+    with that state and stores the value under ``s``. The state is dropped right after.
+    """
+
+    two_step: ClassVar[bool] = True
+    START_REQUIREMENTS: ClassVar[Requirements] = NO_REQUIREMENTS
+    END_REQUIREMENTS: ClassVar[Requirements] = NO_REQUIREMENTS
+
+    def start_requirements(self) -> Requirements:
+        """What :meth:`compute_start` needs."""
+        return self.START_REQUIREMENTS
+
+    def end_requirements(self) -> Requirements:
+        """What :meth:`compute_end` needs."""
+        return self.END_REQUIREMENTS
+
+    def all_requirements(self) -> list[Requirements]:
+        """Requirements of both phases."""
+        return [self.start_requirements(), self.end_requirements()]
+
+    def compute_start(self, ctx: StepContext) -> Any:
+        """Return the state to keep until the end step (e.g. copies of the parameters)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_start(ctx).")
+
+    def compute_end(self, ctx: StepContext, state: Any) -> Any:
+        """Return the value, stored under the start step."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_end(ctx, state).")
+
+    def compute(self, ctx: StepContext) -> Any:  # noqa: D102 - not used for two-step quantities
+        raise TypeError("Two-step quantities implement compute_start/compute_end, not compute.")
+
+
+def check_quantity_class(cls: type) -> None:
+    """Raise ``TypeError`` with a fix if ``cls`` does not follow the quantity protocol."""
+    if not (isinstance(cls, type) and issubclass(cls, Quantity)):
+        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.Quantity.")
+    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
+        raise TypeError(
+            f"{cls.__name__}.name = {cls.name!r} is not a valid quantity name: use snake_case "
+            "(lower-case letters, digits, single underscores), e.g. 'grad_norm'."
+        )
+    if not (isinstance(cls.Config, type) and issubclass(cls.Config, QuantityConfig)):
+        raise TypeError(f"{cls.__name__}.Config must subclass cockpit_core.QuantityConfig.")

@@ -1,0 +1,22 @@
+"""Distance of the parameters from where tracking began."""
+
+from cockpit_basic._norms import norms
+from cockpit_core import Quantity, StepContext
+
+
+class Distance(Quantity):
+    """L2 distance ``||theta_t - theta_0||`` from the parameters at the first tracked step.
+
+    ``theta_0`` is copied at the first step this quantity is tracked, whatever its number,
+    and kept in the core cache for the whole run (memory: one copy of the model).
+    """
+
+    name = "distance"
+
+    def compute(self, ctx: StepContext) -> dict:
+        """Return ``{"total": ..., "per_param": [...]}``; zero at the first tracked step."""
+        start = ctx.cache.get("initial_params")
+        if start is None:
+            start = [p.detach().clone() for p in ctx.params]
+            ctx.cache.put("initial_params", start)
+        return norms([p.detach() - p0 for p, p0 in zip(ctx.params, start)])

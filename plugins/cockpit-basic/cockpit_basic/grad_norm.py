@@ -1,0 +1,14 @@
+"""L2 norm of the mini-batch gradient."""
+
+from cockpit_basic._norms import norms
+from cockpit_core import Quantity, StepContext
+
+
+class GradNorm(Quantity):
+    """Gradient norm ``||g||_2`` per parameter and over all parameters."""
+
+    name = "grad_norm"
+
+    def compute(self, ctx: StepContext) -> dict:
+        """Return ``{"total": ||g||, "per_param": [||g_i||]}``."""
+        return norms(ctx.grads)

@@ -1,0 +1,40 @@
+"""Entry point of cockpit-basic: registers its quantities and the standard presets."""
+
+from cockpit_basic import Distance, GradNorm, Loss, Parameters, Time, UpdateSize
+from cockpit_core import hookimpl
+
+COCKPIT_PROTOCOL_VERSION = 1
+
+# Same membership as Cockpit 1.0.2's configurations.
+ECONOMY = [
+    "alpha",
+    "distance",
+    "grad_hist_1d",
+    "grad_norm",
+    "inner_test",
+    "loss",
+    "norm_test",
+    "ortho_test",
+    "update_size",
+]
+BUSINESS = ECONOMY + ["tic_diag", "hess_trace"]
+FULL = BUSINESS + ["hess_max_ev", "grad_hist_2d"]
+BASIC = ["loss", "grad_norm", "distance", "update_size", "parameters", "time"]
+
+
+@hookimpl
+def register_quantities(register):
+    """Register the six basic quantities."""
+    for cls in (Loss, Parameters, Distance, UpdateSize, GradNorm, Time):
+        register(cls)
+
+
+@hookimpl
+def register_presets(register):
+    """Register ``economy``, ``business``, ``full`` (as in Cockpit 1.0.2) and ``basic``."""
+    register("economy", ECONOMY, "Cheap first-order diagnostics (Cockpit 1.0.2 'economy').")
+    register("business", BUSINESS, "economy + Hessian trace and TIC (Cockpit 1.0.2 'business').")
+    register(
+        "full", FULL, "business + Hessian max eigenvalue and 2-D histogram (Cockpit 1.0.2 'full')."
+    )
+    register("basic", BASIC, "Only the quantities of cockpit-basic: no per-sample statistics.")

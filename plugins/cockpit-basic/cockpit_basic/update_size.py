@@ -1,0 +1,25 @@
+"""Size of the optimizer's update."""
+
+from typing import Any
+
+from cockpit_basic._norms import norms
+from cockpit_core import StepContext, TwoStepQuantity
+
+
+class UpdateSize(TwoStepQuantity):
+    """Update size ``||theta_{s+1} - theta_s||`` per parameter and in total.
+
+    Two-step: the parameters are copied at a tracked step ``s`` and compared at the next
+    step; the value is stored under ``s`` (the step whose update it measures), as in
+    Cockpit 1.0.2. It measures whatever the optimizer did (momentum, Adam, weight decay).
+    """
+
+    name = "update_size"
+
+    def compute_start(self, ctx: StepContext) -> Any:
+        """Copy the parameters before the optimizer step."""
+        return [p.detach().clone() for p in ctx.params]
+
+    def compute_end(self, ctx: StepContext, state: Any) -> dict:
+        """Return ``{"total": ..., "per_param": [...]}`` of the parameter change."""
+        return norms([p.detach() - p0 for p, p0 in zip(ctx.params, state)])
