@@ -19,11 +19,9 @@ from backpack import backpack
 from backpack import extend as _backpack_extend
 from backpack.extensions import (
     BatchGrad,
-    BatchL2Grad,
     DiagGGNExact,
     DiagGGNMC,
     DiagHessian,
-    SumGradSquared,
 )
 from torch import Tensor
 
@@ -35,7 +33,7 @@ _CURVATURE_FIELDS = {
     "diag_ggn_exact": "diag_ggn_exact",
     "diag_ggn_mc": "diag_ggn_mc",
 }
-_SAVE_FIELDS = ("grad_batch", "batch_l2", "sum_grad_squared", *_CURVATURE_FIELDS.values())
+_SAVE_FIELDS = ("grad_batch", *_CURVATURE_FIELDS.values())
 
 
 def extend(module: torch.nn.Module) -> torch.nn.Module:
@@ -61,15 +59,11 @@ class BackpackBackend:
 
     def extensions(self, merged: MergedRequirements) -> list:
         """The BackPACK extensions that produce ``merged.statistics``."""
-        kinds = {s.kind for s in merged.statistics}
         exts: list = []
-        if kinds & {"batch_dot", "grad_batch", "transform"}:
+        # Every per-sample statistic is derived from BatchGrad, so a statistic has the same
+        # value whichever other quantities share the step.
+        if merged.per_sample:
             exts.append(BatchGrad())
-        else:
-            if "batch_l2" in kinds:
-                exts.append(BatchL2Grad())
-            if "sum_grad_squared" in kinds:
-                exts.append(SumGradSquared())
         for stat in merged.statistics:
             if stat.kind == "diag_hessian":
                 exts.append(DiagHessian())
@@ -142,10 +136,6 @@ class BackpackBackend:
                     value = grad_batch
                 elif kind == "transform":
                     value = stat.fn(grad_batch, p.detach())  # type: ignore[misc]
-            elif kind == "batch_l2" and hasattr(p, "batch_l2"):
-                value = p.batch_l2 * batch_size**2
-            elif kind == "sum_grad_squared" and hasattr(p, "sum_grad_squared"):
-                value = p.sum_grad_squared * batch_size**2
             if value is not None:
                 results[stat.identity][i] = value.detach()
 

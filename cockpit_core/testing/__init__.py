@@ -1,0 +1,35 @@
+"""The conformance kit for quantity authors: protocol checks, tiny problems, brute-force references.
+
+Typical plugin test::
+
+    from cockpit_core.testing import check_quantity, run_cockpit, tiny_mlp
+    from cockpit_core.testing.reference import per_sample_gradients
+
+    def test_protocol():
+        check_quantity(MyQuantity)
+
+    def test_value_matches_definition():
+        result = run_cockpit(tiny_mlp(), [MyQuantity()], steps=3)
+        for snap in result.snapshots:
+            model = result.model_at(snap.step)
+            grads = per_sample_gradients(model, result.problem, snap.x, snap.y)
+            ...  # compute the definition, compare with result.output[snap.step]["my_quantity"]
+
+Installing ``cockpit-core`` also registers a pytest plugin with the fixtures
+``cockpit_tiny_mlp`` and ``cockpit_tiny_cnn``.
+"""
+
+from cockpit_core.testing.conformance import ConformanceError, check_quantity
+from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
+from cockpit_core.testing.runner import RunResult, StepSnapshot, run_cockpit
+
+__all__ = [
+    "ConformanceError",
+    "Problem",
+    "RunResult",
+    "StepSnapshot",
+    "check_quantity",
+    "run_cockpit",
+    "tiny_cnn",
+    "tiny_mlp",
+]

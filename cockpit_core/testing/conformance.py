@@ -1,0 +1,169 @@
+"""Protocol checks every quantity must pass.
+
+Run them in your plugin's tests::
+
+from cockpit_core.testing import check_quantity
+
+def test_my_quantity_follows_the_protocol():
+    check_quantity(MyQuantity)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cockpit_core.config import config_json_schema
+from cockpit_core.errors import ConfigError
+from cockpit_core.log import dumps, loads
+from cockpit_core.quantity import Quantity, check_quantity_class
+from cockpit_core.registry import Registry
+from cockpit_core.schedules import ExplicitSteps
+from cockpit_core.testing.problems import Problem, tiny_mlp
+from cockpit_core.testing.runner import run_cockpit
+
+
+class ConformanceError(AssertionError):
+    """A quantity does not follow the protocol; the message says which rule and how to fix it."""
+
+
+def check_quantity(
+    cls: type[Quantity],
+    options: dict[str, Any] | None = None,
+    problem: Problem | None = None,
+    steps: int = 4,
+) -> None:
+    """Run every protocol check on ``cls``; raise :class:`ConformanceError` on the first failure.
+
+    Checks: snake_case name; a Config subclass whose fields all have defaults and
+    descriptions; unknown options rejected with :class:`ConfigError`; a JSON schema; nothing
+    computed on unscheduled steps; values produced on scheduled steps (stored under the
+    start step for two-step quantities); values that survive the log's encode/decode round
+    trip; no undeclared statistic read (no recorded errors).
+
+    Args:
+        cls: The quantity class.
+        options: Options for the instances under test (defaults otherwise).
+        problem: The problem to train (default: :func:`tiny_mlp`).
+        steps: Steps to train (at least 3).
+
+    """
+    options = dict(options or {})
+    try:
+        check_quantity_class(cls)
+    except TypeError as err:
+        raise ConformanceError(str(err)) from None
+    _check_config(cls, options)
+    _check_schema(cls)
+    _check_schedule_and_values(cls, options, problem or tiny_mlp(), steps)
+
+
+def _check_config(cls: type[Quantity], options: dict[str, Any]) -> None:
+    for name, field in cls.Config.model_fields.items():
+        if field.is_required():
+            raise ConformanceError(f"{cls.__name__}.Config.{name} has no default; give it one.")
+        if not field.description:
+            raise ConformanceError(
+                f"{cls.__name__}.Config.{name} has no description; use Field(..., description=...)."
+            )
+    try:
+        cls(**options)
+    except ConfigError as err:
+        raise ConformanceError(
+            f"{cls.__name__}({options}) rejects its own options: {err}"
+        ) from None
+    try:
+        cls(**options, this_option_does_not_exist=1)
+    except ConfigError:
+        pass
+    else:
+        raise ConformanceError(
+            f"{cls.__name__} accepts unknown options; its Config must keep extra='forbid'."
+        )
+
+
+def _check_schema(cls: type[Quantity]) -> None:
+    registry = Registry()
+    module = type("_Plugin", (), {})()
+    from cockpit_core.hookspecs import hookimpl
+
+    @hookimpl
+    def register_quantities(register):
+        register(cls)
+
+    module.register_quantities = register_quantities  # type: ignore[attr-defined]
+    info = registry.add_plugin(module, name=f"conformance-{cls.name}")
+    if not info.ok:
+        raise ConformanceError(f"registering {cls.__name__} failed: {info.error}")
+    schema = config_json_schema(registry)
+    if cls.name not in str(schema):
+        raise ConformanceError(f"the config JSON schema does not mention '{cls.name}'.")
+
+
+def _check_schedule_and_values(
+    cls: type[Quantity], options: dict[str, Any], problem: Problem, steps: int
+) -> None:
+    tracked = 1
+    quantity = cls(**options, schedule=ExplicitSteps(steps=[tracked]))
+    calls: list[tuple[str, int]] = []
+    _spy(quantity, calls)
+    result = run_cockpit(problem, [quantity], steps=steps, on_error="raise")
+    called_steps = {s for _, s in calls}
+    expected_calls = {tracked, tracked + 1} if cls.two_step else {tracked}
+    if called_steps != expected_calls:
+        raise ConformanceError(
+            f"{cls.__name__} computed at steps {sorted(called_steps)}, but it is scheduled only "
+            f"for step {tracked} (expected calls at {sorted(expected_calls)})."
+        )
+    output = result.output
+    if set(output) - {tracked}:
+        raise ConformanceError(
+            f"{cls.__name__} stored values at steps {sorted(output)}; only step {tracked} is scheduled."
+        )
+    if tracked not in output or quantity.key not in output[tracked]:
+        raise ConformanceError(f"{cls.__name__} produced no value at its scheduled step {tracked}.")
+    value = output[tracked][quantity.key]
+    try:
+        back = loads(dumps({"v": value}))["v"]
+    except Exception as err:
+        raise ConformanceError(
+            f"{cls.__name__}'s value {value!r} cannot be written to the log ({err}); return "
+            "numbers, strings, numpy arrays, or lists/dicts of them."
+        ) from None
+    if not _equal(value, back):
+        raise ConformanceError(
+            f"{cls.__name__}'s value changes in a log round trip: {value!r} -> {back!r}"
+        )
+    if result.cockpit.errors:
+        raise ConformanceError(f"{cls.__name__} recorded errors: {result.cockpit.errors}")
+
+
+def _spy(quantity: Quantity, calls: list[tuple[str, int]]) -> None:
+    for method in ("compute", "compute_start", "compute_end"):
+        original = getattr(quantity, method, None)
+        if original is None:
+            continue
+
+        def wrapped(ctx, *args, _original=original, _method=method):
+            calls.append((_method, ctx.step))
+            return _original(ctx, *args)
+
+        setattr(quantity, method, wrapped)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_equal, a, b))
+    if isinstance(a, np.ndarray):
+        return (
+            isinstance(b, np.ndarray)
+            and a.shape == b.shape
+            and np.array_equal(a, b, equal_nan=True)
+        )
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == b

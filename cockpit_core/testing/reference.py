@@ -1,0 +1,56 @@
+"""Brute-force reference computations with plain autograd (loops over samples, explicit Hessians).
+
+Use them in float64 to check a quantity against its definition, never against itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.func import functional_call
+
+from cockpit_core.testing.problems import Problem
+
+
+def per_sample_gradients(
+    model: torch.nn.Module, problem: Problem, x: torch.Tensor, y: torch.Tensor
+) -> list[torch.Tensor]:
+    """``g_n = grad l_n`` by one autograd call per sample; one ``[B, *p.shape]`` tensor per parameter."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows: list[list[torch.Tensor]] = [[] for _ in params]
+    for n in range(len(x)):
+        loss = problem.individual_losses(model(x[n : n + 1]), y[n : n + 1]).sum()
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for i, (p, g) in enumerate(zip(params, grads)):
+            rows[i].append(torch.zeros_like(p) if g is None else g.detach())
+    return [torch.stack(r) for r in rows]
+
+
+def flat(tensors: Sequence[torch.Tensor], start_dim: int = 0) -> torch.Tensor:
+    """Concatenate tensors flattened from ``start_dim`` (``1`` keeps a leading batch axis)."""
+    return torch.cat([t.flatten(start_dim) for t in tensors], dim=start_dim)
+
+
+def explicit_hessian(
+    model: torch.nn.Module, problem: Problem, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """The ``D x D`` Hessian of the mean mini-batch loss w.r.t. all parameters (in order)."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    shapes = [p.shape for _, p in model.named_parameters() if p.requires_grad]
+    sizes = [s.numel() for s in shapes]
+    theta = flat([p.detach() for _, p in model.named_parameters() if p.requires_grad])
+
+    def loss_of(vec: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(vec, sizes)
+        params = {n: t.reshape(s) for n, t, s in zip(names, parts, shapes)}
+        out = functional_call(model, params, (x,))
+        return problem.individual_losses(out, y).mean()
+
+    return torch.autograd.functional.hessian(loss_of, theta)
+
+
+def split_like(vec: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Split a flat vector into pieces shaped like ``tensors``."""
+    parts = torch.split(vec, [t.numel() for t in tensors])
+    return [p.reshape(t.shape) for p, t in zip(parts, tensors)]
