@@ -20,6 +20,16 @@ from typing import Any
 from cockpit_core.errors import CockpitError
 
 
+def _type_name(annotation: Any) -> str:
+    """Short readable form of a type annotation (``int | None``, ``Schedule``)."""
+    if isinstance(annotation, type):
+        return annotation.__name__
+    text = str(annotation).replace("typing.", "")
+    if "discriminator='kind'" in text:
+        return "Schedule | None"
+    return text.replace("cockpit_core.schedules.", "")
+
+
 def _field_rows(config_cls: Any) -> list[dict[str, Any]]:
     rows = []
     for name, field in config_cls.model_fields.items():
@@ -27,7 +37,7 @@ def _field_rows(config_cls: Any) -> list[dict[str, Any]]:
         rows.append(
             {
                 "name": name,
-                "type": str(field.annotation).replace("typing.", ""),
+                "type": _type_name(field.annotation),
                 "default": default
                 if isinstance(default, (int, float, str, bool, type(None)))
                 else repr(default),

@@ -15,7 +15,9 @@ appear inside the list. Every error names the exact field path (``quantities.2.b
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -24,7 +26,7 @@ import tomllib
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from cockpit_core.errors import ConfigError, UnknownQuantityError
+from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
 from cockpit_core.quantity import Quantity, validate_config
 from cockpit_core.registry import Registry
 
@@ -138,7 +140,7 @@ def _resolve_one(
     if isinstance(entry, str):
         if entry in registry.presets:
             return _expand_preset(entry, registry, path, seen_presets)
-        return [_instantiate(entry, {}, registry, path)]
+        return [_instantiate(entry, {}, registry, path, path)]
     if isinstance(entry, dict):
         if "name" not in entry:
             raise ConfigError([(path, "missing 'name': which quantity is this?")])
@@ -150,7 +152,7 @@ def _resolve_one(
             if options:
                 raise ConfigError([(path, f"preset '{name}' takes no options")])
             return _expand_preset(name, registry, path, seen_presets)
-        return [_instantiate(name, options, registry, path)]
+        return [_instantiate(name, options, registry, path, f"{path}.name")]
     raise ConfigError(
         [
             (
@@ -161,13 +163,13 @@ def _resolve_one(
     )
 
 
-def _instantiate(name: str, options: dict[str, Any], registry: Registry, path: str) -> Quantity:
+def _instantiate(
+    name: str, options: dict[str, Any], registry: Registry, path: str, name_path: str
+) -> Quantity:
     try:
         cls = registry.get(name)
-    except UnknownQuantityError as err:
-        raise ConfigError([(f"{path}.name" if options else path, str(err))]) from None
-    except Exception as err:  # duplicate registrations
-        raise ConfigError([(path, str(err))]) from None
+    except (UnknownQuantityError, DuplicateQuantityError) as err:
+        raise ConfigError([(name_path, str(err))]) from None
     config = validate_config(cls.Config, options, prefix=path)
     return cls(config)
 
@@ -209,7 +211,9 @@ def config_json_schema(registry: Registry) -> dict[str, Any]:
     names = registry.names() + sorted(registry.presets)
     name_type = Literal[tuple(names)] if names else str  # type: ignore[valid-type]
     if len(entries) > 1:
-        entry_type: Any = Annotated[tuple(entries), Field(discriminator="name")]
+        entry_type: Any = Annotated[
+            functools.reduce(operator.or_, entries), Field(discriminator="name")
+        ]
     elif entries:
         entry_type = entries[0]
     else:
