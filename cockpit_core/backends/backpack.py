@@ -73,6 +73,31 @@ class BackpackBackend:
                 exts.append(DiagGGNMC(mc_samples=dict(stat.options)["mc_samples"]))
         return exts
 
+    def unsupported_modules(
+        self, model: torch.nn.Module, statistic: Statistic
+    ) -> list[tuple[str, str]]:
+        """``(module name, class name)`` of modules for which ``statistic`` cannot be computed.
+
+        Per-sample statistics need BackPACK support for every module that owns tracked
+        parameters; curvature statistics need it for every module on the way (activations,
+        pooling, ...) as well.
+        """
+        merged = MergedRequirements(statistics=(statistic,), owners={}, loss_graph=False)
+        extension = self.extensions(merged)[0]
+        supported = _supported_modules(extension)
+        if supported is None:  # BackPACK internals changed; cannot tell statically
+            return []
+        tracked = {id(p) for p in self.params}
+        out = []
+        for name, module in model.named_modules():
+            if list(module.children()):
+                continue  # containers: their leaves are checked
+            owns_tracked = any(id(p) in tracked for p in module.parameters(recurse=False))
+            relevant = owns_tracked or (stat_is_curvature(statistic) and not _is_trivial(module))
+            if relevant and type(module) not in supported:
+                out.append((name or type(module).__name__, type(module).__name__))
+        return out
+
     @contextmanager
     def collect(
         self, merged: MergedRequirements, batch_size: int
@@ -170,3 +195,17 @@ class BackpackBackend:
                 "it, or replace the module (see `cockpit check`)."
             )
         return missing
+
+
+def stat_is_curvature(statistic: Statistic) -> bool:
+    """Whether ``statistic`` is a curvature diagonal (needs second-order BackPACK support)."""
+    return statistic.kind in _CURVATURE_FIELDS
+
+
+def _is_trivial(module: torch.nn.Module) -> bool:
+    return isinstance(module, (torch.nn.Identity,))
+
+
+def _supported_modules(extension: object) -> set[type] | None:
+    mapping = getattr(extension, "_BackpropExtension__module_extensions", None)
+    return set(mapping) if isinstance(mapping, dict) else None
