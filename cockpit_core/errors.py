@@ -50,10 +50,6 @@ class DuplicateQuantityError(CockpitError):
     """Two plugins register the same quantity (or preset) name."""
 
 
-class PluginError(CockpitError):
-    """A plugin failed to load, or a quantity that only it provides was requested."""
-
-
 class RequirementConflictError(CockpitError):
     """Two quantities request the same statistic with different hyperparameters."""
 

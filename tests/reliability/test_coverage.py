@@ -1,0 +1,133 @@
+"""Model coverage before training (`cp.check`, `cockpit check`) and silent BackPACK skips."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cockpit_core import (
+    BATCH_L2,
+    DIAG_HESSIAN,
+    Cockpit,
+    CockpitWarning,
+    Quantity,
+    Requirements,
+    extend,
+)
+from cockpit_core.cli import main
+
+
+class NeedsL2(Quantity):
+    name = "needs_l2"
+    REQUIREMENTS = Requirements(statistics=(BATCH_L2,))
+
+    def compute(self, ctx):
+        return float(sum(t.sum() for t in ctx.stat(BATCH_L2)))
+
+
+class NeedsDiagH(Quantity):
+    name = "needs_diag_h"
+    REQUIREMENTS = Requirements(statistics=(DIAG_HESSIAN,))
+
+    def compute(self, ctx):
+        return 0.0
+
+
+class NeedsHvp(Quantity):
+    name = "needs_hvp"
+    REQUIREMENTS = Requirements(info={"loss"}, loss_graph=True)
+
+    def compute(self, ctx):
+        return 0.0
+
+
+def layernorm_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.GELU(), torch.nn.Linear(4, 2)
+    )
+
+
+def test_check_lists_per_quantity_how_and_why():
+    model = layernorm_model()
+    cp = Cockpit(model.named_parameters(), [NeedsL2(), NeedsDiagH(), NeedsHvp(), "loss"])
+    report = cp.check(model)
+    rows = {r.quantity: r for r in report.rows}
+    assert not report.ok
+    assert not rows["needs_l2"].available
+    assert rows["needs_l2"].why == "BackPACK BatchGrad does not support '1' (LayerNorm)"
+    assert (
+        rows["needs_diag_h"].why
+        == "BackPACK DiagHessian does not support '1' (LayerNorm), '2' (GELU)"
+    )
+    assert (
+        rows["needs_hvp"].available and rows["needs_hvp"].how == "autograd Hessian-vector products"
+    )
+    assert rows["loss"].available and rows["loss"].how == "no statistics beyond p.grad"
+    text = str(report)
+    assert "needs_l2" in text and "UNAVAILABLE" in text
+
+
+def test_check_on_a_supported_model_is_ok():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8, 2)
+    )
+    cp = Cockpit(model.named_parameters(), [NeedsL2(), NeedsDiagH()])
+    assert cp.check(model).ok
+
+
+def test_silently_skipped_parameters_are_detected_not_turned_into_wrong_numbers():
+    model = extend(layernorm_model())
+    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    cp = Cockpit(model.named_parameters(), [NeedsL2(), "loss"])
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    loss = loss_fn(model(x), y)
+    with pytest.warns(
+        CockpitWarning,
+        match=r"BackPACK computed no batch_l2 for parameter\(s\) '1.weight' \(LayerNorm\)",
+    ):
+        with cp(0, info={"loss": loss, "batch_size": 5}):
+            loss.backward()
+    assert "needs_l2" not in cp.get_output()[0]
+    assert "UnsupportedModelError" in cp.errors[0]["error"]
+
+
+def test_cockpit_check_cli(tmp_path, capsys):
+    (tmp_path / "mymodels.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def good():
+                return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+            def with_layernorm():
+                return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+            """
+        )
+    )
+    path = tmp_path / "mymodels.py"
+    assert main(["check", f"{path}:good", "--quantities", "loss,grad_norm"]) == 0
+    assert "loss" in capsys.readouterr().out
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cockpit_core",
+            "check",
+            "mymodels:with_layernorm",
+            "--quantities",
+            "loss",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+    )
+    assert code.returncode == 0, code.stderr
+    assert main(["check", f"{path}:nope"]) == 1
+    assert "has no function 'nope'" in capsys.readouterr().err
+    assert main(["check", "no_such_module_xyz:f"]) == 1
+    assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
