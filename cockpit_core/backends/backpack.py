@@ -23,8 +23,10 @@ from backpack.extensions import (
     DiagGGNMC,
     DiagHessian,
 )
+from backpack.extensions.firstorder.base import FirstOrderModuleExtension
 from torch import Tensor
 
+from cockpit_core.backends.per_sample import FactoredLinearGrads, MaterializedGrads
 from cockpit_core.requirements import MergedRequirements, Statistic
 
 # statistic kind -> BackPACK save field of the curvature extensions
@@ -56,6 +58,8 @@ class BackpackBackend:
         self.params = list(params)
         self.param_names = list(param_names)
         self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._batch_grad = BatchGrad()
+        self._batch_grad.set_module_extension(torch.nn.Linear, _FactoredLinear(), overwrite=True)
 
     def extensions(self, merged: MergedRequirements) -> list:
         """The BackPACK extensions that produce ``merged.statistics``."""
@@ -63,7 +67,7 @@ class BackpackBackend:
         # Every per-sample statistic is derived from BatchGrad, so a statistic has the same
         # value whichever other quantities share the step.
         if merged.per_sample:
-            exts.append(BatchGrad())
+            exts.append(self._batch_grad)
         for stat in merged.statistics:
             if stat.kind == "diag_hessian":
                 exts.append(DiagHessian())
@@ -141,26 +145,23 @@ class BackpackBackend:
         results: dict[tuple[str, str], list[Tensor | None]],
         batch_size: int,
     ) -> None:
-        grad_batch = getattr(p, "grad_batch", None)
-        if grad_batch is not None:
-            grad_batch = grad_batch.detach() * batch_size  # undo BackPACK's 1/B
-            flat = grad_batch.flatten(start_dim=1)
+        per_sample = _per_sample_grads(getattr(p, "grad_batch", None), batch_size)
         for stat in stats:
             kind = stat.kind
             value: Tensor | None = None
             if kind in _CURVATURE_FIELDS:
                 value = getattr(p, _CURVATURE_FIELDS[kind], None)
-            elif grad_batch is not None:
+            elif per_sample is not None:
                 if kind == "batch_l2":
-                    value = (flat**2).sum(1)
+                    value = per_sample.batch_l2()
                 elif kind == "sum_grad_squared":
-                    value = (grad_batch**2).sum(0)
+                    value = per_sample.sum_grad_squared()
                 elif kind == "batch_dot":
-                    value = flat @ flat.T
+                    value = per_sample.batch_dot()
                 elif kind == "grad_batch":
-                    value = grad_batch
+                    value = per_sample.materialize()
                 elif kind == "transform":
-                    value = stat.fn(grad_batch, p.detach())  # type: ignore[misc]
+                    value = stat.fn(per_sample.materialize(), p.detach())  # type: ignore[misc]
             if value is not None:
                 results[stat.identity][i] = value.detach()
 
@@ -209,3 +210,39 @@ def _is_trivial(module: torch.nn.Module) -> bool:
 def _supported_modules(extension: object) -> set[type] | None:
     mapping = getattr(extension, "_BackpropExtension__module_extensions", None)
     return set(mapping) if isinstance(mapping, dict) else None
+
+
+class _LinearWeightFactors:
+    """What the factored linear extension stores in ``weight.grad_batch``: ``(a, d)``."""
+
+    def __init__(self, inputs: Tensor, grad_outputs: Tensor):
+        self.inputs, self.grad_outputs = inputs, grad_outputs
+
+
+class _FactoredLinear(FirstOrderModuleExtension):
+    """BatchGrad for ``nn.Linear`` that keeps the factors instead of ``B x out x in`` tensors."""
+
+    def __init__(self) -> None:
+        super().__init__(params=["weight", "bias"])
+
+    def weight(self, ext, module, g_inp, g_out, bp_quantities):  # noqa: D102 - BackPACK API
+        return _LinearWeightFactors(module.input0.detach(), g_out[0].detach())
+
+    def bias(self, ext, module, g_inp, g_out, bp_quantities):  # noqa: D102 - BackPACK API
+        d = g_out[0].detach()
+        return d if d.dim() == 2 else d.sum(dim=tuple(range(1, d.dim() - 1)))
+
+
+def _per_sample_grads(
+    saved: Tensor | _LinearWeightFactors | None, batch_size: int
+) -> MaterializedGrads | FactoredLinearGrads | None:
+    """Wrap BackPACK's ``grad_batch`` (scaled by ``1/B`` for a mean loss), undoing the scaling."""
+    if saved is None:
+        return None
+    if isinstance(saved, _LinearWeightFactors):
+        a, d = saved.inputs, saved.grad_outputs * batch_size
+        if a.dim() == 2:
+            return FactoredLinearGrads(a, d)
+        # inputs with extra axes [B, ..., in]: g_n = sum_t d_nt a_nt^T, materialize
+        return MaterializedGrads(torch.einsum("n...o,n...i->noi", d, a))
+    return MaterializedGrads(saved.detach() * batch_size)
