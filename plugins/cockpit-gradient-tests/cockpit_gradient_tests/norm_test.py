@@ -1,0 +1,58 @@
+"""Norm test of Byrd et al. (2012): is the mini-batch gradient accurate enough in norm."""
+
+from __future__ import annotations
+
+import torch
+
+from cockpit_core import BATCH_L2, Quantity, Requirements, StepContext
+from cockpit_gradient_tests._common import (
+    grads64,
+    layered,
+    require_samples,
+    samples_in,
+    stat64,
+    zeros_where_missing,
+)
+
+
+class NormTest(Quantity):
+    """Largest ``theta`` for which the norm test passes.
+
+    The norm test of Byrd, Chin, Nocedal & Wu (2012), "Sample size selection in
+    optimization methods for machine learning", Eq. (3.9), accepts the batch if the
+    estimated variance of the mini-batch gradient is small relative to its norm:
+    ``Var_n(g_n)_l1 / B <= theta^2 ||g||^2``, with the sample variance
+    ``Var_n(g_n)_l1 = sum_n ||g_n - g||^2 / (B - 1)``. The value reported is
+
+        theta_max = sqrt( sum_n ||g_n - g||^2 / (B (B - 1) ||g||^2) ),
+
+    computed as ``sum_n ||g_n||^2 - B ||g||^2`` from the per-sample squared norms
+    (``BATCH_L2``). Small values mean the gradient direction is reliable; Byrd et al.
+    suggest theta around 0.5-0.9 and increasing the batch when theta_max exceeds it.
+
+    Output: ``{"total": theta_max, "per_param": [theta_max of each parameter]}`` (the test
+    applied to each parameter's block of the gradient alone).
+    """
+
+    name = "norm_test"
+    REQUIREMENTS = Requirements(statistics=(BATCH_L2,))
+
+    def compute(self, ctx: StepContext) -> dict:
+        """Return ``{"total": float, "per_param": np.ndarray}`` of ``theta_max``."""
+        batch_l2 = stat64(ctx, BATCH_L2)
+        batch_size = samples_in(batch_l2, ctx)
+        require_samples(self.key, batch_size)
+        grads = grads64(ctx)
+        shapes = [torch.Size([batch_size])] * len(grads)
+        sum_sq = torch.stack([v.sum() for v in zeros_where_missing(batch_l2, shapes, grads[0])])
+        grad_sq = torch.stack([g.pow(2).sum() for g in grads])
+        return layered(
+            _theta_max(sum_sq.sum(), grad_sq.sum(), batch_size),
+            _theta_max(sum_sq, grad_sq, batch_size),
+        )
+
+
+def _theta_max(sum_sq: torch.Tensor, grad_sq: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``sqrt(max(0, sum_n ||g_n||^2 - B ||g||^2) / (B (B-1) ||g||^2))``."""
+    variance_l1 = (sum_sq - batch_size * grad_sq).clamp(min=0) / (batch_size - 1)
+    return (variance_l1 / (batch_size * grad_sq)).sqrt()

@@ -1,0 +1,13 @@
+"""Entry point of cockpit-gradient-tests: registers its six quantities."""
+
+from cockpit_core import hookimpl
+from cockpit_gradient_tests import QUANTITIES
+
+COCKPIT_PROTOCOL_VERSION = 1
+
+
+@hookimpl
+def register_quantities(register):
+    """Register norm_test, inner_test, ortho_test, mean_gsnr, early_stopping and cabs."""
+    for cls in QUANTITIES:
+        register(cls)
