@@ -6,7 +6,9 @@ Sub-commands::
     cockpit quantities [--json]     installed quantities with their options
     cockpit schema                  JSON schema of config files (for editor autocomplete)
     cockpit validate CONFIG         check a config file (exit code 0 valid, 1 invalid)
+    cockpit check MODULE:FUNCTION   which quantities can be computed for a model, and how
     cockpit demo [...]              train a small model with cockpit on (the main demo)
+    cockpit plot LOG [-o OUT]       render the dashboard of a log (.png, .svg or .pdf)
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"    presets: {', '.join(r['presets'])}")
     for name, err in registry.conflicts.items():
         print(f"CONFLICT {name}: {err}")
+    for message in getattr(registry, "extension_errors", {}).values():
+        print(f"PANELS/SINKS SKIPPED {message}")
     return 0
 
 
@@ -150,6 +154,66 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_model_factory(spec: str) -> Any:
+    """Import ``module:function`` (``module`` may also be a path to a ``.py`` file)."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    from cockpit_core.errors import ConfigError
+
+    if ":" not in spec:
+        raise ConfigError([("model", f"expected 'module:function', got {spec!r}")])
+    module_name, func_name = spec.rsplit(":", 1)
+    try:
+        if module_name.endswith(".py"):
+            file_spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+            if file_spec is None or file_spec.loader is None:
+                raise ImportError(f"cannot load {module_name}")
+            module = importlib.util.module_from_spec(file_spec)
+            file_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as err:
+        raise ConfigError([("model", f"cannot import {module_name!r}: {err}")]) from None
+    factory = getattr(module, func_name, None)
+    if not callable(factory):
+        raise ConfigError([("model", f"{module_name!r} has no function {func_name!r}")])
+    return factory
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Report which quantities can be computed for a model."""
+    from cockpit_core.cockpit import Cockpit
+
+    model = load_model_factory(args.model)()
+    if args.config:
+        cp = Cockpit.from_config(args.config, model.named_parameters())
+    else:
+        spec = args.quantities
+        quantities = spec if "," not in spec else [q.strip() for q in spec.split(",") if q.strip()]
+        cp = Cockpit(model.named_parameters(), quantities)
+    report = cp.check(model)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Render the dashboard of a log file."""
+    from pathlib import Path
+
+    from cockpit_core.dashboard import plot
+
+    out = Path(args.output) if args.output else Path(args.log).with_name("dashboard.png")
+    try:
+        path = plot(args.log, out, title=args.title, rows=args.rows, dpi=args.dpi)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"Dashboard written to {path}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo training."""
     from cockpit_core.demo import run_demo
@@ -176,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the JSON schema of config files")
     p.set_defaults(func=cmd_schema)
 
+    p = sub.add_parser(
+        "check", help="list which quantities can be computed for a model (exit 1 if any cannot)"
+    )
+    p.add_argument(
+        "model", help="'module:function' or 'path/to/file.py:function' returning the model"
+    )
+    p.add_argument("--quantities", default="economy", help="preset or comma-separated names")
+    p.add_argument("--config", default=None, help="config file naming the quantities instead")
+    p.set_defaults(func=cmd_check)
+
     p = sub.add_parser("validate", help="check a config file (exit 0 if valid, 1 if not)")
     p.add_argument("config", help="path of a .toml, .yaml/.yml or .json config file")
     p.set_defaults(func=cmd_validate)
@@ -190,6 +264,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default runs/demo-<time>)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("plot", help="render the dashboard of a log (.jsonl or .json)")
+    p.add_argument("log", help="a log written with log=... (.jsonl) or cp.write(...) (.json)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="picture to write: .png, .svg or .pdf (default: dashboard.png next to the log)",
+    )
+    p.add_argument("--title", default=None, help="figure title (default: a run summary)")
+    p.add_argument("--rows", type=int, default=4, help="panels per column (default 4)")
+    p.add_argument("--dpi", type=int, default=100, help="resolution of .png output")
+    p.set_defaults(func=cmd_plot)
     return parser
 
 

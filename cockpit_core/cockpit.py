@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cockpit_core import checks
 from cockpit_core.backends.backpack import BackpackBackend
 from cockpit_core.cache import Cache
 from cockpit_core.config import (
@@ -23,6 +24,7 @@ from cockpit_core.config import (
     resolve_quantities,
 )
 from cockpit_core.context import HessianVectorProducts, StepContext, StepData
+from cockpit_core.coverage import CoverageReport, check_model
 from cockpit_core.errors import ConfigError, MissingInfoError, MisuseError
 from cockpit_core.log import LogWriter
 from cockpit_core.quantity import Quantity
@@ -68,6 +70,14 @@ class Cockpit:
             keep tracking), ``"disable"`` (record, warn, stop tracking it) or ``"raise"``.
         debug: Print what is computed at each step.
         log: Path of a JSON Lines log that receives each record as it is computed.
+        log_fsync_every: Seconds between fsyncs of the log (``0``: every record, ``None``:
+            never); each record is flushed regardless, so a killed process loses nothing.
+        sinks: More destinations for every record: names of sinks registered by plugins
+            (``"tensorboard"``), dicts with options (``{"name": "tensorboard", "log_dir":
+            "runs/tb"}``) or callables ``sink(record)``.
+        live_plot: Path of a dashboard picture refreshed every ``live_every`` steps while
+            training runs (see :class:`cockpit_core.dashboard.LivePlot`).
+        live_every: Steps between refreshes of ``live_plot``.
         keep_in_memory: Keep values for :meth:`get_output`; ``False`` only streams them.
         registry: Plugins to resolve names with (default: every installed plugin).
 
@@ -98,6 +108,10 @@ class Cockpit:
         log: str | Path | None = None,
         keep_in_memory: bool = True,
         registry: Registry | None = None,
+        log_fsync_every: float | None = 5.0,
+        sinks: Iterable[Any] = (),
+        live_plot: str | Path | None = None,
+        live_every: int = 50,
         _source: str | None = None,
     ):
         parse_settings(
@@ -106,6 +120,8 @@ class Cockpit:
                 "debug": debug,
                 "keep_in_memory": keep_in_memory,
                 "log": None if log is None else str(log),
+                "log_fsync_every": log_fsync_every,
+                "live_every": live_every,
             },
             _source,
         )
@@ -117,10 +133,23 @@ class Cockpit:
         self.debug = debug
         self.keep_in_memory = keep_in_memory
         self.errors: list[Record] = []
+        self.skipped: list[Record] = []
+        self._warned_kinds: set[str] = set()
         self.sinks: list[Sink] = []
-        self._log = LogWriter(log) if log is not None else None
+        extra_sinks = [self.registry.make_sink(spec) for spec in sinks]  # fail before any I/O
+        if live_plot is not None:
+            from cockpit_core.dashboard import LivePlot
+
+            extra_sinks.append(LivePlot(live_plot, every=live_every, registry=self.registry))
+        try:
+            self._log = LogWriter(log, fsync_every=log_fsync_every) if log is not None else None
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                [("log", f"cannot open the log file {log!r}: {err}")], _source
+            ) from None
         if self._log is not None:
             self.sinks.append(self._log)
+        self.sinks.extend(extra_sinks)
         self._backend = BackpackBackend(self.params, self.param_names)
         self._cache = Cache()
         self._output: dict[int, dict[str, Any]] = {}
@@ -162,6 +191,10 @@ class Cockpit:
             debug=settings.debug,
             log=settings.log,
             keep_in_memory=settings.keep_in_memory,
+            log_fsync_every=settings.log_fsync_every,
+            sinks=settings.sinks,
+            live_plot=settings.live_plot,
+            live_every=settings.live_every,
             registry=registry,
             _source=source,
         )
@@ -208,6 +241,14 @@ class Cockpit:
         """
         return self.retain_graph(step)
 
+    def check(self, model: torch.nn.Module) -> CoverageReport:
+        """Report, per quantity, whether it can be computed for ``model``, how, and why not.
+
+        ``print(cp.check(model))`` before training shows e.g. which modules BackPACK does
+        not support for a statistic, so no step is wasted on quantities that cannot run.
+        """
+        return check_model(self.quantities, model, self._backend)
+
     def get_output(self) -> dict[int, dict[str, Any]]:
         """All values tracked so far as ``{step: {quantity_key: value}}``."""
         return {s: dict(v) for s, v in sorted(self._output.items())}
@@ -222,14 +263,34 @@ class Cockpit:
             "header": self.header(),
             "output": {str(s): v for s, v in self.get_output().items()},
             "errors": self.errors,
+            "skipped": self.skipped,
         }
         path.write_text(dumps(payload), encoding="utf-8")
         return path
 
     def close(self) -> None:
-        """Flush and close the log."""
-        if self._log is not None:
-            self._log.close()
+        """Flush and close the log and every sink that has a ``close()`` method."""
+        for sink in list(self.sinks):
+            close = getattr(sink, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as err:  # closing one sink must not skip the others
+                    warnings.warn(
+                        f"cockpit: closing sink {sink!r} failed: {err}",
+                        CockpitWarning,
+                        stacklevel=2,
+                    )
+
+    def plot(self, path: str | Path | None = None, **options: Any) -> Any:
+        """Render the dashboard of what was tracked so far (``.png``, ``.svg`` or ``.pdf``).
+
+        Returns ``path`` when given, else the matplotlib figure. ``options`` go to
+        :func:`cockpit_core.dashboard.render` (``title``, ``rows``, ``dpi``, ...).
+        """
+        from cockpit_core.dashboard import plot
+
+        return plot(self, path, **options)
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -249,10 +310,15 @@ class Cockpit:
         return tasks
 
     def _merged_for(self, tasks: list[_Task]) -> MergedRequirements:
-        key = tuple((t.quantity.key, t.phase) for t in tasks)
-        if key not in self._merged:
-            self._merged[key] = merge_requirements((t.quantity.key, t.requirements) for t in tasks)
-        return self._merged[key]
+        # Requirements are asked for at every step (they may change, e.g. an adapted
+        # histogram range); merging is cached per distinct combination.
+        requests = tuple((t.quantity.key, t.requirements) for t in tasks)
+        merged = self._merged.get(requests)
+        if merged is None:
+            if len(self._merged) >= 64:  # requirements that change every step: stay bounded
+                self._merged.clear()
+            merged = self._merged[requests] = merge_requirements(requests)
+        return merged
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -311,6 +377,42 @@ class Cockpit:
             if self.keep_in_memory:
                 self._output.setdefault(s, {}).update(vals)
             self._emit({"kind": "values", "step": s, "values": vals})
+
+    def _warn_misuse(self, info: Mapping[str, Any]) -> None:
+        for message in (
+            checks.optimizer_mismatch(info.get("optimizer"), self.params),
+            checks.reduction_mismatch(info),
+        ):
+            if message:
+                warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=4)
+
+    def _skip_nonfinite(self, step: int, tasks: list[_Task], info: Mapping[str, Any]) -> bool:
+        """Skip the step's quantities (recording why) if the loss or gradients are not finite."""
+        reason = checks.nonfinite_reason(info, self.params, self.param_names)
+        if reason is None:
+            return False
+        for task in tasks:
+            if task.phase == "end":  # the end point is not usable: drop the pending start
+                self._pending.pop(task.quantity.key, None)
+                self._cache.pop(task.quantity.key, "__start_state__")
+        record = {
+            "kind": "skipped",
+            "step": step,
+            "quantities": sorted({t.quantity.key for t in tasks}),
+            "reason": f"non-finite values: {reason}",
+        }
+        self.skipped.append(record)
+        self._emit(record)
+        if "nonfinite" not in self._warned_kinds:
+            self._warned_kinds.add("nonfinite")
+            warnings.warn(
+                f"cockpit: step {step} skipped because {reason}; training continues. Skipped "
+                "steps are in cp.skipped and the log. Lower the learning rate or check the "
+                "data if this repeats.",
+                CockpitWarning,
+                stacklevel=4,
+            )
+        return True
 
     def _handle_error(self, q: Quantity, step: int, phase: str, err: Exception) -> None:
         if self.on_error == "raise":
@@ -378,6 +480,7 @@ class _StepRun:
         if not cp._info_checked:
             cp._check_info(self.info, [q for q in cp.quantities])
             cp._info_checked = True
+            cp._warn_misuse(self.info)
         self.tasks = cp._tasks(step)
         cp._check_info(self.info, [t.quantity for t in self.tasks])
         self.merged = cp._merged_for(self.tasks)
@@ -414,7 +517,8 @@ class _StepRun:
             self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp
         )
         try:
-            cp._run_tasks(self.step, self.tasks, data, self.merged)
+            if self.tasks and not cp._skip_nonfinite(self.step, self.tasks, self.info):
+                cp._run_tasks(self.step, self.tasks, data, self.merged)
         finally:
             data.release()
             self.stats = {}

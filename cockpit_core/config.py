@@ -55,6 +55,21 @@ class CockpitSettings(BaseModel):
         True,
         description="Keep values in memory for get_output(); False streams them to the log only.",
     )
+    log_fsync_every: float | None = Field(
+        5.0,
+        ge=0,
+        description="Seconds between fsyncs of the log (0: every record, null: never); every "
+        "record is flushed regardless.",
+    )
+    sinks: list[str | dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra destinations of every record: sink names registered by plugins, or "
+        "tables with 'name' and the sink's options.",
+    )
+    live_plot: str | None = Field(
+        None, description="Path of a dashboard picture refreshed while training runs."
+    )
+    live_every: int = Field(50, ge=1, description="Steps between refreshes of live_plot.")
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -58,7 +58,43 @@ def register_presets(register: Callable[..., None]) -> None:
     """
 
 
-HOOK_NAMES: tuple[str, ...] = ("register_quantities", "register_presets")
+@hookspec
+def register_instruments(register: Callable[[Any], None]) -> None:
+    """Register dashboard instruments (panels) for this plugin's quantities.
+
+    Call ``register(Instrument(...))`` once per panel, with a
+    :class:`cockpit_core.dashboard.Instrument`: a unique ``name``, a ``title``, a ``topic``
+    (``"step size"``, ``"gradient"``, ``"curvature"``, ``"performance"`` or a topic of the
+    plugin's own, which gets its own column), the quantity names it needs and a function
+    ``draw(ax, output, header)``. The dashboard draws a panel only when its quantities were
+    tracked and lists the panels it skipped. Importing matplotlib at module level is
+    discouraged (discovery must stay fast): ``draw`` receives a ready matplotlib ``Axes``.
+
+    Added in protocol version 1.
+    """
+
+
+@hookspec
+def register_sinks(register: Callable[..., None]) -> None:
+    """Register sinks: named destinations that receive every record of a run.
+
+    Call ``register(name, factory, config=None, description="")``. ``factory(**options)``
+    returns a callable ``sink(record)`` (optionally with a ``close()`` method) that gets the
+    header, values and error records (the layout of ``docs/log_format.md``). ``config`` is
+    an optional pydantic model (``extra="forbid"``) that validates the options. Users enable
+    a sink by name: ``Cockpit(..., sinks=["tensorboard", {"name": "tensorboard",
+    "log_dir": "runs/tb"}])``. A sink that raises is removed and training goes on.
+
+    Added in protocol version 1.
+    """
+
+
+HOOK_NAMES: tuple[str, ...] = (
+    "register_quantities",
+    "register_presets",
+    "register_instruments",
+    "register_sinks",
+)
 """All hook names, in documentation order (meta-tests check docs and tests cover each)."""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pluggy
 
 from cockpit_core import plugins as _plugins
+from cockpit_core.dashboard.instrument import Instrument
 from cockpit_core.errors import DuplicateQuantityError, UnknownQuantityError
 from cockpit_core.plugins import PluginInfo
 from cockpit_core.quantity import Quantity, check_quantity_class
@@ -40,6 +42,27 @@ class Preset:
     distribution: str
 
 
+@dataclass(frozen=True)
+class SinkEntry:
+    """A registered sink factory (``register_sinks`` hook) and where it comes from."""
+
+    name: str
+    factory: Any
+    config: Any
+    description: str
+    distribution: str
+
+    def make(self, options: dict[str, Any] | None = None) -> Any:
+        """Build the sink, validating ``options`` against ``config`` when there is one."""
+        options = dict(options or {})
+        if self.config is not None:
+            from cockpit_core.quantity import validate_config
+
+            options = validate_config(self.config, options, prefix=f"sinks.{self.name}")
+            options = options.model_dump()
+        return self.factory(**options)
+
+
 @dataclass
 class Registry:
     """Quantities and presets offered by a set of plugins.
@@ -52,8 +75,12 @@ class Registry:
     presets: dict[str, Preset] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)
     conflicts: dict[str, DuplicateQuantityError] = field(default_factory=dict)
+    instruments: dict[str, Instrument] = field(default_factory=dict)
+    sinks: dict[str, SinkEntry] = field(default_factory=dict)
+    extension_errors: dict[str, str] = field(default_factory=dict)
     plugins: list[PluginInfo] = field(default_factory=list)
     plugin_manager: pluggy.PluginManager = field(default_factory=_plugins.new_plugin_manager)
+    _instrument_sources: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_entry_points(cls, group: str = _plugins.hookspecs.PROJECT_NAME) -> Registry:
@@ -99,6 +126,24 @@ class Registry:
         def register_preset(name: str, quantities: Iterable[Any], description: str = "") -> None:
             new_p.append(Preset(name, tuple(quantities), description, info.distribution))
 
+        new_i: list[Instrument] = []
+        new_s: list[SinkEntry] = []
+
+        def register_instrument(instrument: Instrument) -> None:
+            if not isinstance(instrument, Instrument):
+                raise TypeError(
+                    f"register_instruments: {instrument!r} is not a "
+                    "cockpit_core.dashboard.Instrument."
+                )
+            new_i.append(instrument)
+
+        def register_sink(
+            name: str, factory: Any, config: Any = None, description: str = ""
+        ) -> None:
+            if not callable(factory):
+                raise TypeError(f"register_sinks: the factory of sink '{name}' is not callable.")
+            new_s.append(SinkEntry(name, factory, config, description, info.distribution))
+
         try:
             self._call(info.name, "register_quantities", register=register_quantity)
             self._call(info.name, "register_presets", register=register_preset)
@@ -106,6 +151,18 @@ class Registry:
             info.error = f"hook raised {type(err).__name__}: {err}"
             self.plugin_manager.unregister(name=info.name)
             return
+        try:  # a broken panel or sink must not cost the user the plugin's quantities
+            self._call(info.name, "register_instruments", register=register_instrument)
+            self._call(info.name, "register_sinks", register=register_sink)
+        except Exception as err:
+            new_i.clear()
+            new_s.clear()
+            self.extension_errors[info.name] = (
+                f"'{info.name}' ({info.distribution}): register_instruments/register_sinks "
+                f"raised {type(err).__name__}: {err}; its panels and sinks are skipped, its "
+                "quantities still work."
+            )
+            warnings.warn(f"cockpit: plugin {self.extension_errors[info.name]}", stacklevel=2)
         for entry in new_q:
             if self._claim(entry.name, entry.distribution):
                 self.quantities[entry.name] = entry
@@ -115,12 +172,59 @@ class Registry:
             if self._claim(preset.name, preset.distribution):
                 self.presets[preset.name] = preset
                 info.presets.append(preset.name)
+        for instrument in new_i:
+            if instrument.name in self.instruments:
+                self._other_conflict("instrument", instrument.name, info.distribution)
+            else:
+                self.instruments[instrument.name] = instrument
+                self._instrument_sources[instrument.name] = info.distribution
+        for sink in new_s:
+            if sink.name in self.sinks:
+                self._other_conflict("sink", sink.name, info.distribution)
+            else:
+                self.sinks[sink.name] = sink
 
     def _call(self, plugin_name: str, hook: str, **kwargs: Any) -> None:
         plugin = self.plugin_manager.get_plugin(plugin_name)
         for impl in getattr(self.plugin_manager.hook, hook).get_hookimpls():
             if impl.plugin is plugin:
                 impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+
+    def _other_conflict(self, kind: str, name: str, distribution: str) -> None:
+        owner = (
+            self.sinks[name].distribution
+            if kind == "sink"
+            else self._instrument_sources.get(name, "?")
+        )
+        self.conflicts[f"{kind}:{name}"] = DuplicateQuantityError(
+            f"The {kind} name '{name}' is registered by both '{owner}' and '{distribution}'; "
+            f"the one of '{owner}' is used. Uninstall one of the two distributions, or ask one "
+            f"author to rename the {kind}."
+        )
+
+    def make_sink(self, spec: Any) -> Any:
+        """Build a sink from a registered name, ``{"name": ..., **options}`` or a callable.
+
+        Raises:
+            UnknownQuantityError: No installed plugin registers a sink of that name.
+            ConfigError: The options are invalid (the message names each field).
+
+        """
+        if callable(spec) and not isinstance(spec, (str, dict)):
+            return spec
+        if isinstance(spec, str):
+            name, options = spec, {}
+        elif isinstance(spec, dict) and isinstance(spec.get("name"), str):
+            options = {k: v for k, v in spec.items() if k != "name"}
+            name = spec["name"]
+        else:
+            raise TypeError(
+                f"a sink is a registered name, a dict {{'name': ..., **options}} or a callable "
+                f"sink(record); got {spec!r}."
+            )
+        if name not in self.sinks:
+            raise UnknownQuantityError(name, self.sinks, kind="sink")
+        return self.sinks[name].make(options)
 
     def _claim(self, name: str, distribution: str) -> bool:
         """Return whether ``name`` is free; otherwise remember the collision and skip it."""

@@ -70,11 +70,11 @@ class BackpackBackend:
             exts.append(self._batch_grad)
         for stat in merged.statistics:
             if stat.kind == "diag_hessian":
-                exts.append(DiagHessian())
+                exts.append(_guarded(DiagHessian, stat))
             elif stat.kind == "diag_ggn_exact":
-                exts.append(DiagGGNExact())
+                exts.append(_guarded(DiagGGNExact, stat))
             elif stat.kind == "diag_ggn_mc":
-                exts.append(DiagGGNMC(mc_samples=dict(stat.options)["mc_samples"]))
+                exts.append(_guarded(DiagGGNMC, stat, mc_samples=dict(stat.options)["mc_samples"]))
         return exts
 
     def unsupported_modules(
@@ -119,6 +119,7 @@ class BackpackBackend:
             s.identity: [None] * len(self.params) for s in stats
         }
         missing: dict[tuple[str, str], str] = {}
+        failures: dict[tuple[str, str], str] = {}
         modules: dict[int, str] = {}
 
         def hook(module: torch.nn.Module) -> None:
@@ -127,15 +128,24 @@ class BackpackBackend:
                 if i is None:
                     continue
                 modules[i] = type(module).__name__
-                self._collect_param(p, i, stats, results, batch_size)
+                self._collect_param(p, i, stats, results, failures, batch_size)
             for p in module.parameters(recurse=False):
                 for save_field in _SAVE_FIELDS:
                     if hasattr(p, save_field):
                         delattr(p, save_field)
 
-        with backpack(*self.extensions(merged), extension_hook=hook):
+        exts = self.extensions(merged)
+        with backpack(*exts, extension_hook=hook):
             yield results, missing
         missing.update(self._find_missing(stats, results, modules))
+        missing.update(self._guard_failures(exts, results))
+        missing.update(
+            (
+                ident,
+                f"Computing {dict((s.identity, s) for s in stats)[ident].describe()} raised {msg}",
+            )
+            for ident, msg in failures.items()
+        )
 
     @staticmethod
     def _collect_param(
@@ -143,27 +153,41 @@ class BackpackBackend:
         i: int,
         stats: Sequence[Statistic],
         results: dict[tuple[str, str], list[Tensor | None]],
+        failures: dict[tuple[str, str], str],
         batch_size: int,
     ) -> None:
         per_sample = _per_sample_grads(getattr(p, "grad_batch", None), batch_size)
         for stat in stats:
-            kind = stat.kind
-            value: Tensor | None = None
-            if kind in _CURVATURE_FIELDS:
-                value = getattr(p, _CURVATURE_FIELDS[kind], None)
-            elif per_sample is not None:
-                if kind == "batch_l2":
-                    value = per_sample.batch_l2()
-                elif kind == "sum_grad_squared":
-                    value = per_sample.sum_grad_squared()
-                elif kind == "batch_dot":
-                    value = per_sample.batch_dot()
-                elif kind == "grad_batch":
-                    value = per_sample.materialize()
-                elif kind == "transform":
-                    value = stat.fn(per_sample.materialize(), p.detach())  # type: ignore[misc]
+            try:
+                value = _compute(stat, p, per_sample)
+            except Exception as err:  # a failing transform must not break backward()
+                failures.setdefault(stat.identity, f"{type(err).__name__}: {err}")
+                continue
             if value is not None:
                 results[stat.identity][i] = value.detach()
+
+    def _guard_failures(
+        self, exts: Sequence[object], results: dict[tuple[str, str], list[Tensor | None]]
+    ) -> dict[tuple[str, str], str]:
+        """Messages for curvature statistics whose extension failed on a module."""
+        out = {}
+        for ext in exts:
+            failure = getattr(ext, "cockpit_failure", None)
+            if failure is None:
+                continue
+            ident = ext.cockpit_statistic  # type: ignore[attr-defined]
+            lacking = ", ".join(
+                f"'{self.param_names[i]}'"
+                for i, p in enumerate(self.params)
+                if results[ident][i] is None and p.grad is not None
+            )
+            out[ident] = (
+                f"{failure}, so {ident[0]} is missing for parameter(s) {lacking}: second-order "
+                "statistics need BackPACK support for every module between the loss and a "
+                "parameter. Track quantities that do not need it (e.g. methods based on "
+                "Hessian-vector products), or replace the module (see `cockpit check`)."
+            )
+        return out
 
     def _find_missing(
         self,
@@ -210,6 +234,67 @@ def _is_trivial(module: torch.nn.Module) -> bool:
 def _supported_modules(extension: object) -> set[type] | None:
     mapping = getattr(extension, "_BackpropExtension__module_extensions", None)
     return set(mapping) if isinstance(mapping, dict) else None
+
+
+class _GuardedExtension:
+    """Mixin for second-order extensions: a module they cannot handle must not break backward().
+
+    BackPACK raises (``NotImplementedError``, then ``AssertionError`` upstream) inside the
+    user's ``loss.backward()`` when a second-order extension meets an unsupported module
+    (LayerNorm, GELU, ...). The guard records the first error and skips the rest of the
+    pass, so gradients are still computed and the statistic is reported as missing.
+    """
+
+    cockpit_failure: str | None = None
+    cockpit_statistic: tuple[str, str] = ("", "")
+
+    def __call__(self, module: torch.nn.Module, g_inp: tuple, g_out: tuple) -> None:
+        if self.cockpit_failure is not None:
+            return
+        try:
+            super().__call__(module, g_inp, g_out)  # type: ignore[misc]
+        except Exception as err:
+            base = type(self).__mro__[2].__name__
+            name = type(module).__name__
+            self.cockpit_failure = (
+                f"BackPACK's {base} does not support module {name}"
+                if isinstance(err, NotImplementedError)
+                else f"BackPACK's {base} failed on module {name} ({type(err).__name__}: {err})"
+            )
+
+
+_GUARDED: dict[type, type] = {}
+
+
+def _guarded(cls: type, stat: Statistic, **kwargs: object) -> object:
+    """An instance of the guarded subclass of the BackPACK extension ``cls``."""
+    if cls not in _GUARDED:
+        _GUARDED[cls] = type(f"Guarded{cls.__name__}", (_GuardedExtension, cls), {})
+    extension = _GUARDED[cls](**kwargs)
+    extension.cockpit_statistic = stat.identity
+    return extension
+
+
+def _compute(
+    stat: Statistic,
+    p: torch.nn.Parameter,
+    per_sample: MaterializedGrads | FactoredLinearGrads | None,
+) -> Tensor | None:
+    """One statistic of one parameter, or ``None`` if BackPACK provided nothing for it."""
+    kind = stat.kind
+    if kind in _CURVATURE_FIELDS:
+        return getattr(p, _CURVATURE_FIELDS[kind], None)
+    if per_sample is None:
+        return None
+    if kind == "batch_l2":
+        return per_sample.batch_l2()
+    if kind == "sum_grad_squared":
+        return per_sample.sum_grad_squared()
+    if kind == "batch_dot":
+        return per_sample.batch_dot()
+    if kind == "grad_batch":
+        return per_sample.materialize()
+    return stat.fn(per_sample.materialize(), p.detach())  # type: ignore[misc]
 
 
 class _LinearWeightFactors:

@@ -308,3 +308,42 @@ def test_retain_graph_only_on_steps_with_hvp_quantities():
 
     cp = Cockpit(torch.nn.Linear(2, 1).parameters(), [Hv(every=10), "loss"])
     assert cp.retain_graph(0) and not cp.retain_graph(1) and cp.create_graph(10)
+
+
+def test_a_failing_transform_does_not_break_backward_and_is_reported():
+    def bad(g, p):
+        raise IndexError("bin index out of range")
+
+    class Bad(Quantity):
+        name = "bad"
+        REQUIREMENTS = Requirements(statistics=(per_sample_transform("bad", bad),))
+
+        def compute(self, ctx):
+            return ctx.stat(self.REQUIREMENTS.statistics[0])
+
+    with pytest.warns(
+        CockpitWarning, match=r"Computing transform\[bad\] raised IndexError: bin index"
+    ):
+        result = run_cockpit(tiny_mlp(), [Bad(), "grad_norm"], steps=2)
+    assert all("grad_norm" in result.output[s] for s in range(2))
+
+
+def test_requirements_are_read_at_every_step():
+    class Changing(Quantity):
+        name = "changing"
+
+        def requirements(self):
+            key = f"scale={self.scale}"
+            return Requirements(
+                statistics=(per_sample_transform(key, lambda g, p: g.sum() * 0 + self.scale),)
+            )
+
+        scale = 1.0
+
+        def compute(self, ctx):
+            value = float(ctx.stat(self.requirements().statistics[0])[0])
+            self.scale += 1
+            return value
+
+    result = run_cockpit(tiny_mlp(), [Changing()], steps=3)
+    assert [result.output[s]["changing"] for s in range(3)] == [1.0, 2.0, 3.0]

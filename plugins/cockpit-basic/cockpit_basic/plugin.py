@@ -38,3 +38,12 @@ def register_presets(register):
         "full", FULL, "business + Hessian max eigenvalue and 2-D histogram (Cockpit 1.0.2 'full')."
     )
     register("basic", BASIC, "Only the quantities of cockpit-basic: no per-sample statistics.")
+
+
+@hookimpl
+def register_instruments(register):
+    """Register the dashboard panels of the basic quantities."""
+    from cockpit_basic.instruments import INSTRUMENTS
+
+    for instrument in INSTRUMENTS:
+        register(instrument)

@@ -11,3 +11,12 @@ def register_quantities(register):
     """Register norm_test, inner_test, ortho_test, mean_gsnr, early_stopping and cabs."""
     for cls in QUANTITIES:
         register(cls)
+
+
+@hookimpl
+def register_instruments(register):
+    """Register the dashboard panels (gradient tests, GSNR, early stopping, CABS)."""
+    from cockpit_gradient_tests.instruments import INSTRUMENTS
+
+    for instrument in INSTRUMENTS:
+        register(instrument)

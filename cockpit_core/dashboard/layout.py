@@ -1,0 +1,262 @@
+"""Lay out the registered instruments and render the dashboard (matplotlib, headless).
+
+Layout (like Cockpit 1.0.2's, but built from whatever instruments are installed)::
+
+    +-------------+-----------------------+-------------+-------------------+
+    |  STEP SIZE  |       GRADIENT        |  CURVATURE  |  <plugin topics>  |
+    |  panel      |  panel     panel      |  panel      |  panel            |
+    |  panel      |  panel     panel      |  panel      |                   |
+    +-------------+-----------------------+-------------+-------------------+
+    |  PERFORMANCE: panels side by side                                     |
+    +-----------------------------------------------------------------------+
+    Not tracked: ... (panels skipped because their quantities were not tracked)
+
+A topic with more panels than ``rows`` wraps into several sub-columns. Figures are built
+without pyplot (no global state, no window): safe in threads and on headless machines.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cockpit_core.dashboard.instrument import Instrument
+from cockpit_core.dashboard.planning import (
+    Panel,
+    _default_instruments,
+    _note,
+    load,
+    panel_output,
+    plan,
+)
+from cockpit_core.dashboard.style import EXTRA_COLORS, TOPIC_COLORS, message
+from cockpit_core.log import LogData
+
+FORMATS = ("png", "svg", "pdf")
+"""File formats :func:`render` writes (chosen by the file suffix)."""
+
+
+def render(
+    source: Any,
+    path: str | os.PathLike | None = None,
+    *,
+    registry: Any = None,
+    instruments: Iterable[Instrument] | None = None,
+    title: str | None = None,
+    rows: int = 4,
+    panel_size: tuple[float, float] = (4.6, 2.7),
+    dpi: int = 100,
+) -> Any:
+    """Render the dashboard of ``source`` and save it to ``path`` if given.
+
+    Args:
+        source: A :class:`~cockpit_core.Cockpit`, a log path (``.jsonl`` or ``.json``), a
+            :class:`~cockpit_core.log.LogData` or ``{step: {name: value}}``.
+        path: Output file; the suffix picks the format (``.png``, ``.svg``, ``.pdf``).
+        registry: Where instruments come from (default: the Cockpit's, else every
+            installed plugin).
+        instruments: Use these instruments instead of the registry's.
+        title: Figure title (default: a summary of the run).
+        rows: Panels per column before a topic wraps into another column.
+        panel_size: Width and height of one panel in inches.
+        dpi: Resolution of raster output.
+
+    Returns:
+        The matplotlib ``Figure``.
+
+    """
+    from matplotlib.figure import Figure
+
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}.")
+    suffix = _check_path(path)
+    data = load(source)
+    insts = list(instruments) if instruments is not None else _default_instruments(source, registry)
+    plan_ = plan(data, insts)
+    columns = {t: ps for t, ps in plan_.topics.items() if t != "performance"}
+    bottom = plan_.topics.get("performance", [])
+    subcols = [(t, chunk) for t, ps in columns.items() for chunk in _split(ps, rows)]
+    nrows = max((len(ps) for _, ps in subcols), default=0)
+    pw, ph = panel_size
+    note = _note(plan_, data)
+    ncols = max(len(subcols), 2)
+    width = ncols * pw
+    wrapped = [w for line in note for w in textwrap.wrap(line, int(width * 15))]
+    top_in, col_title_in = 0.75, 0.45
+    col_in = nrows * ph + col_title_in if subcols else 0.0
+    bottom_in = 1.3 * ph if bottom else 0.0
+    note_in = 0.22 * len(wrapped) + 0.25
+    if not subcols and not bottom:
+        bottom_in = ph
+    height = top_in + col_in + bottom_in + note_in + (0.35 if subcols and bottom else 0.0)
+    fig = Figure(figsize=(width, height), dpi=dpi, facecolor="white")
+
+    steps = sorted(data.output)
+    title = title or _summary(data, steps)
+    size = min(13.0, 13.0 * width * 8.5 / max(len(title), 1))  # keep a long title on the page
+    fig.suptitle(title, x=0.01, ha="left", fontsize=size, fontweight="bold")
+    y_top = 1 - top_in / height
+    left, right = 0.55 / width, 1 - 0.5 / width
+    if subcols:
+        y_bot = y_top - col_in / height
+        outer = fig.add_gridspec(
+            1,
+            len(subcols),
+            left=left,
+            right=right,
+            top=y_top - col_title_in / height,
+            bottom=y_bot + 0.45 / height,
+            wspace=0.42,
+        )
+        cells: dict[str, list[Any]] = {}
+        for j, (topic, panels) in enumerate(subcols):
+            inner = outer[0, j].subgridspec(nrows, 1, hspace=0.85)
+            for i, panel in enumerate(panels):
+                _draw_panel(fig, inner[i, 0], panel, data)
+            cells.setdefault(topic, []).append(outer[0, j].get_position(fig))
+        for k, (topic, boxes) in enumerate(cells.items()):
+            x0 = min(b.x0 for b in boxes) - 0.42 / width
+            x1 = max(b.x1 for b in boxes) + 0.1 / width
+            color = TOPIC_COLORS.get(topic, EXTRA_COLORS[k % len(EXTRA_COLORS)])
+            _group(fig, (x0, y_bot, x1, y_top), topic, color, 0.08 / height)
+        y_top = y_bot - 0.35 / height
+    if bottom or not subcols:
+        y_bot = y_top - bottom_in / height
+        if bottom:
+            box = (left - 0.42 / width, y_bot, right + 0.1 / width, y_top)
+            _group(fig, box, "performance", TOPIC_COLORS["performance"], 0.06 / height)
+            gs = fig.add_gridspec(
+                1,
+                len(bottom),
+                left=left,
+                right=right,
+                top=y_top - 0.5 / height,
+                bottom=y_bot + 0.45 / height,
+                wspace=0.25,
+                width_ratios=[p.instrument.size for p in bottom],
+            )
+            for j, panel in enumerate(bottom):
+                _draw_panel(fig, gs[0, j], panel, data)
+        else:
+            ax = fig.add_axes(
+                (left, y_bot + 0.1 / height, right - left, (bottom_in - 0.2) / height)
+            )
+            ax.set_axis_off()
+            message(ax, "Nothing to show: no tracked quantity has an installed instrument.")
+    for i, line in enumerate(wrapped):
+        fig.text(
+            0.01, (note_in - 0.2 - 0.22 * i) / height, line, fontsize=8.5, va="top", color="#444455"
+        )
+    if path is not None:
+        save(fig, path, dpi=dpi, suffix=suffix)
+    return fig
+
+
+def _group(
+    fig: Any, box: tuple[float, float, float, float], topic: str, color: str, pad: float
+) -> None:
+    """A rounded background ``box`` (figure fractions x0, y0, x1, y1) headed by ``topic``."""
+    from matplotlib.patches import FancyBboxPatch
+
+    x0, y0, x1, y1 = box
+    fig.patches.append(
+        FancyBboxPatch(
+            (x0, y0),
+            x1 - x0,
+            y1 - y0,
+            boxstyle="round,pad=0,rounding_size=0.01",
+            transform=fig.transFigure,
+            facecolor=color,
+            edgecolor="none",
+            zorder=-10,
+        )
+    )
+    fig.text(
+        (x0 + x1) / 2,
+        y1 - pad,
+        topic.upper(),
+        ha="center",
+        va="top",
+        fontsize=12,
+        fontweight="bold",
+        color="#333344",
+    )
+
+
+def _split(panels: list[Panel], rows: int) -> list[list[Panel]]:
+    """Split a topic's panels into the fewest sub-columns of at most ``rows``, evenly."""
+    k = -(-len(panels) // rows)
+    per = -(-len(panels) // k)
+    return [panels[i : i + per] for i in range(0, len(panels), per)]
+
+
+def _summary(data: LogData, steps: list[int]) -> str:
+    version = data.header.get("cockpit_core")
+    span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+    names = {
+        str(q.get("key")) for q in data.header.get("quantities") or [] if isinstance(q, Mapping)
+    }
+    count = len(names) or len({k for v in data.output.values() for k in v})
+    return f"cockpit: {span}, {count} quantities" + (
+        f" (cockpit-core {version})" if version else ""
+    )
+
+
+def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:
+    ax = fig.add_subplot(cell)
+    ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
+    before = set(fig.axes)
+    try:
+        panel.instrument.draw(ax, panel_output(data, panel), data.header)
+    except Exception as err:  # a broken instrument must not break the dashboard
+        for extra in list(fig.axes):
+            if extra not in before:
+                fig.delaxes(extra)
+        for child in list(ax.child_axes):
+            child.remove()
+        ax.clear()
+        ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
+        message(ax, f"could not draw this panel:\n{type(err).__name__}: {err}"[:200])
+        warnings.warn(
+            f"cockpit dashboard: instrument '{panel.instrument.name}' failed: "
+            f"{type(err).__name__}: {err}",
+            stacklevel=3,
+        )
+    return ax
+
+
+def _check_path(path: str | os.PathLike | None) -> str | None:
+    if path is None:
+        return None
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        raise ValueError(
+            f"cannot write a dashboard to '{path}': use a file name ending in "
+            + ", ".join(f".{f}" for f in FORMATS)
+            + "."
+        )
+    return suffix
+
+
+def save(fig: Any, path: str | os.PathLike, dpi: int = 100, suffix: str | None = None) -> Path:
+    """Save ``fig`` atomically: write a temporary file, then rename it over ``path``.
+
+    A viewer watching the file (live mode) never sees a half-written picture.
+    """
+    path = Path(path)
+    suffix = suffix or _check_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=dpi, format=suffix, facecolor=fig.get_facecolor())
+    os.replace(tmp, path)
+    return path
+
+
+def plot(source: Any, path: str | os.PathLike | None = None, **kwargs: Any) -> Path | Any:
+    """Render ``source`` (see :func:`render`); return ``path`` if given, else the figure."""
+    fig = render(source, path, **kwargs)
+    return Path(path) if path is not None else fig

@@ -1,0 +1,144 @@
+"""Predict an optimizer's next update of one parameter from its gradient and state.
+
+``alpha`` needs per-sample directional derivatives ``g_n . u`` at the start of a step,
+where ``u`` is the direction of the update the optimizer is about to make. Per-sample
+gradients exist only during backpropagation, before ``optimizer.step()``; so, per layer,
+the start transform projects them onto a few directions that span the coming update:
+the layer's gradient, its parameters and the update predicted here from the optimizer's
+state. After the step the real update is fitted in that span; if the fit is exact (up
+to rounding), so are the directional derivatives (see :mod:`cockpit_alpha.alpha`).
+
+The formulas follow ``torch.optim`` (2.x) step by step, including weight decay, momentum,
+dampening, Nesterov, ``maximize``, AMSGrad, decoupled weight decay (AdamW) and centred
+RMSprop. A wrong prediction is never silently used: the real update decides.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import torch
+from torch import Tensor
+
+GENERIC_EPS = 1e-8
+"""Epsilon of the generic direction ``g / (|g| + eps)`` (Adam's default)."""
+
+
+def _f(value: Any) -> float:
+    return float(value.item() if isinstance(value, Tensor) else value)
+
+
+def _state(state: dict, key: str, like: Tensor) -> Tensor:
+    value = state.get(key)
+    return torch.zeros_like(like) if value is None else value.detach().to(like)
+
+
+def sgd_update(group: dict, state: dict, theta: Tensor, grad: Tensor) -> Tensor:
+    """Update of ``torch.optim.SGD``."""
+    d = -grad if group.get("maximize", False) else grad
+    wd = _f(group.get("weight_decay", 0.0))
+    if wd:
+        d = d + wd * theta
+    momentum = _f(group.get("momentum", 0.0))
+    if momentum:
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = d
+        else:
+            buf = momentum * buf.detach().to(d) + (1 - _f(group.get("dampening", 0.0))) * d
+        d = d + momentum * buf if group.get("nesterov", False) else buf
+    return -_f(group["lr"]) * d
+
+
+def adam_update(group: dict, state: dict, theta: Tensor, grad: Tensor, decoupled: bool) -> Tensor:
+    """Update of ``torch.optim.Adam`` (``decoupled=True``: AdamW)."""
+    lr, eps, wd = _f(group["lr"]), _f(group["eps"]), _f(group.get("weight_decay", 0.0))
+    beta1, beta2 = (_f(b) for b in group["betas"])
+    g = -grad if group.get("maximize", False) else grad
+    if wd and not decoupled:
+        g = g + wd * theta
+    step = _f(state.get("step", 0.0)) + 1
+    m = beta1 * _state(state, "exp_avg", g) + (1 - beta1) * g
+    v = beta2 * _state(state, "exp_avg_sq", g) + (1 - beta2) * g * g
+    if group.get("amsgrad", False):
+        v = torch.maximum(_state(state, "max_exp_avg_sq", g), v)
+    denom = v.sqrt() / math.sqrt(1 - beta2**step) + eps
+    update = -(lr / (1 - beta1**step)) * m / denom
+    if wd and decoupled:
+        update = update - lr * wd * theta
+    return update
+
+
+def rmsprop_update(group: dict, state: dict, theta: Tensor, grad: Tensor) -> Tensor:
+    """Update of ``torch.optim.RMSprop``."""
+    lr, alpha, eps = _f(group["lr"]), _f(group["alpha"]), _f(group["eps"])
+    g = -grad if group.get("maximize", False) else grad
+    wd = _f(group.get("weight_decay", 0.0))
+    if wd:
+        g = g + wd * theta
+    v = alpha * _state(state, "square_avg", g) + (1 - alpha) * g * g
+    if group.get("centered", False):
+        mean = alpha * _state(state, "grad_avg", g) + (1 - alpha) * g
+        avg = (v - mean * mean).sqrt() + eps
+    else:
+        avg = v.sqrt() + eps
+    momentum = _f(group.get("momentum", 0.0))
+    if momentum > 0:
+        return -lr * (momentum * _state(state, "momentum_buffer", g) + g / avg)
+    return -lr * g / avg
+
+
+def optimizer_kind(optimizer: Any) -> str:
+    """``"sgd"``, ``"adam"``, ``"adamw"``, ``"rmsprop"`` or ``"generic"`` (unknown)."""
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd"
+    if isinstance(optimizer, torch.optim.AdamW):
+        return "adamw"
+    if isinstance(optimizer, torch.optim.Adam):
+        return "adamw" if optimizer.defaults.get("decoupled_weight_decay", False) else "adam"
+    if isinstance(optimizer, torch.optim.RMSprop):
+        return "rmsprop"
+    return "generic"
+
+
+def generic_direction(grad: Tensor) -> Tensor:
+    """``g / (|g| + 1e-8)``: the direction of Adam's first step (no state needed)."""
+    return grad / (grad.abs() + GENERIC_EPS)
+
+
+class UpdatePredictor:
+    """Predicts per-parameter updates of one optimizer; parameters are found by storage.
+
+    The per-sample transform receives ``param.detach()``, not the parameter object that
+    keys ``optimizer.state``, so parameters are matched by data pointer and shape.
+    """
+
+    def __init__(self, optimizer: Any):
+        self.kind = optimizer_kind(optimizer)
+        self._optimizer = weakref.ref(optimizer)
+        self._groups: dict[tuple[int, tuple[int, ...]], tuple[Tensor, dict]] = {}
+        if self.kind != "generic":
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    self._groups[(p.data_ptr(), tuple(p.shape))] = (p, group)
+
+    def serves(self, optimizer: Any) -> bool:
+        """Whether this predictor was built for ``optimizer``."""
+        return self._optimizer() is optimizer
+
+    def __call__(self, theta: Tensor, grad: Tensor) -> tuple[Tensor, str]:
+        """``(direction, how)``: the predicted update, or the generic direction."""
+        found = self._groups.get((theta.data_ptr(), tuple(theta.shape)))
+        optimizer = self._optimizer()
+        if found is None or optimizer is None:
+            return generic_direction(grad), "generic"
+        param, group = found
+        state = optimizer.state.get(param, {})
+        if self.kind == "sgd":
+            return sgd_update(group, state, theta, grad), self.kind
+        if self.kind in ("adam", "adamw"):
+            decoupled = bool(group.get("decoupled_weight_decay", self.kind == "adamw"))
+            return adam_update(group, state, theta, grad, decoupled), self.kind
+        return rmsprop_update(group, state, theta, grad), self.kind

@@ -1,0 +1,313 @@
+"""Normalized local step size alpha of a noise-aware quadratic fit along the update."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from cockpit_alpha._directions import UpdatePredictor, generic_direction
+from cockpit_alpha._fit import fit_quadratic, normalized_step
+from cockpit_core import (
+    SUM_GRAD_SQUARED,
+    QuantityConfig,
+    Requirements,
+    Statistic,
+    StepContext,
+    TwoStepQuantity,
+    per_sample_transform,
+)
+
+BASIS = ("gradient", "parameters", "predicted update")
+"""Directions each layer's per-sample gradients are projected onto at the start point."""
+
+
+class AlphaConfig(QuantityConfig):
+    """Options of :class:`Alpha`."""
+
+    span_rtol: float = Field(
+        1e-6,
+        gt=0.0,
+        lt=1.0,
+        description="Report 'exact' when each layer's real update lies in the span of the "
+        "start point's projection directions up to this relative residual (plus float "
+        "rounding); the part outside the span always gets a diagonal approximation.",
+    )
+
+
+@dataclass(eq=False)
+class _Start:
+    """What the start point keeps until the end point: O(D) memory, no per-sample gradients."""
+
+    step: int
+    f: float
+    var_f: float
+    batch_size: int
+    theta: list[Tensor]  # parameters at the start
+    grad: list[Tensor]  # mini-batch gradient g
+    sum_sq: list[Tensor]  # sum_n g_n^2 (for the diagonal fallback)
+    direction: list[Tensor]  # predicted update (third basis vector)
+    proj: list[Tensor]  # per layer [B, 3]: g_n . (gradient, parameters, predicted update)
+    predictor: str
+    index: dict[tuple[int, tuple[int, ...]], int]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the kept tensors (read by the core's cache accounting)."""
+        tensors = [*self.theta, *self.grad, *self.sum_sq, *self.direction, *self.proj]
+        return sum(t.element_size() * t.nelement() for t in tensors)
+
+
+class Alpha(TwoStepQuantity):
+    """Normalized local step size alpha (Mahsereci & Hennig, 2017; Cockpit 1.0.2).
+
+    Along the update ``d = theta_{s+1} - theta_s`` (length ``t = ||d||``, direction
+    ``u = d / t``) a parabola ``mu_0 + mu_1 x + mu_2 x^2`` is fitted by weighted least
+    squares to the mini-batch loss ``f`` at ``x = 0`` (step ``s``) and ``x = t`` (step
+    ``s + 1``, the next mini-batch) and to the slopes ``df = g . u``, each weighted by its
+    sampling variance: ``var_f = Var_n(l_n)`` and ``var_df = Var_n(g_n . u)`` (both with
+    ``B - 1``). Then ``alpha = 2 t / x_bar - 1`` with ``x_bar = -mu_1 / mu_2``: ``0`` means
+    the step reached the minimum of the parabola, ``1`` its far side, ``-1`` no progress
+    (also reported when the parabola is not convex). The value is stored under ``s``.
+
+    Any optimizer: ``d`` is the real parameter change. The end point projects its
+    per-sample gradients onto the known ``d`` during backpropagation. At the start point
+    ``d`` is not known yet, so each layer's per-sample gradients are projected onto three
+    directions: the layer's gradient, its parameters and the update predicted from
+    ``info["optimizer"]`` (SGD with momentum/weight decay/Nesterov, Adam, AdamW, RMSprop;
+    see :mod:`cockpit_alpha._directions`), kept from the previous tracked step. After the
+    step each layer's ``d`` is split into its least-squares fit ``d_fit`` in that span and
+    a residual ``r``: ``g_n . d_fit`` follows exactly from the ``B x 3`` projections and
+    ``Var_n(g_n . r)`` is approximated by ``sum_i r_i^2 Var_n([g_n]_i)`` (covariances
+    ignored). With a correct prediction ``r`` is rounding noise and the value equals the
+    definition (``exact: True`` when every ``||r|| <= span_rtol ||d||`` plus rounding).
+    Memory: four parameter-sized tensors and ``B x 3`` numbers per layer, never ``B x D``.
+    """
+
+    name = "alpha"
+    Config = AlphaConfig
+
+    def __init__(self, config: Any = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        self._predictor: UpdatePredictor | None = None
+        self._live: weakref.ref[_Start] | None = None
+        self._used: set[str] = set()
+        self._transform_error: Exception | None = None
+
+    # -- requirements ---------------------------------------------------------------------
+
+    def _start_statistic(self) -> Statistic:
+        return per_sample_transform(f"alpha_start[{self.key}]", self._start_transform)
+
+    def _end_statistic(self) -> Statistic:
+        return per_sample_transform(f"alpha_end[{self.key}]", self._end_transform)
+
+    def start_requirements(self) -> Requirements:
+        """Sum of squared per-sample gradients, the start projections, the losses."""
+        return Requirements(
+            statistics=(SUM_GRAD_SQUARED, self._start_statistic()), info={"individual_losses"}
+        )
+
+    def end_requirements(self) -> Requirements:
+        """The end projections onto the update, the losses."""
+        return Requirements(statistics=(self._end_statistic(),), info={"individual_losses"})
+
+    # -- per-sample transforms (run during backpropagation; they must never raise) --------
+
+    def _start_transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
+        try:
+            flat = per_sample.reshape(per_sample.shape[0], -1)
+            grad = flat.mean(0)
+            if self._predictor is None:
+                direction, how = generic_direction(grad), "generic"
+            else:
+                direction, how = self._predictor(param, grad.view(param.shape))
+            self._used.add(how)
+            direction = direction.reshape(-1).to(flat.dtype)
+            basis = torch.stack([grad, param.reshape(-1).to(flat.dtype), direction])
+            return torch.cat([(flat @ basis.T).reshape(-1), direction])
+        except Exception as err:  # reported by compute_start; training goes on
+            self._transform_error = err
+            return per_sample.new_empty(0)
+
+    def _end_transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
+        try:
+            state = self._live() if self._live is not None else None
+            if state is None:
+                raise RuntimeError("the start point's state is gone")
+            i = state.index[(param.data_ptr(), tuple(param.shape))]
+            update = (param - state.theta[i]).reshape(-1).to(per_sample.dtype)
+            return per_sample.reshape(per_sample.shape[0], -1) @ update
+        except Exception as err:  # reported by compute_end; training goes on
+            self._transform_error = err
+            return per_sample.new_empty(0)
+
+    # -- start and end --------------------------------------------------------------------
+
+    def compute_start(self, ctx: StepContext) -> _Start:
+        """Keep f, Var(l_n), theta, g, sum_n g_n^2, the predicted update and projections."""
+        layers = self._layers(ctx, self._start_statistic())
+        self._remember_optimizer(ctx)
+        batch = next(
+            ((t.numel() - p.numel()) // 3 for p, t in zip(ctx.params, layers) if t is not None), 0
+        )
+        f, var_f = _loss_statistics(ctx.info, batch)
+        sum_sq = ctx.stat(SUM_GRAD_SQUARED)
+        proj, direction = [], []
+        for p, out in zip(ctx.params, layers):
+            if out is None:  # parameter without gradient
+                proj.append(torch.zeros(batch, 3, dtype=torch.float64, device=p.device))
+                direction.append(torch.zeros_like(p))
+            else:
+                proj.append(out[: 3 * batch].view(batch, 3))
+                direction.append(out[3 * batch :].view(p.shape))
+        used, self._used = self._used, set()
+        state = _Start(
+            step=ctx.step,
+            f=f,
+            var_f=var_f,
+            batch_size=batch,
+            theta=[p.detach().clone() for p in ctx.params],
+            grad=[g.clone() for g in ctx.grads],
+            sum_sq=[torch.zeros_like(p) if s is None else s for p, s in zip(ctx.params, sum_sq)],
+            direction=direction,
+            proj=proj,
+            predictor="generic" if "generic" in used or not used else used.pop(),
+            index={(p.data_ptr(), tuple(p.shape)): i for i, p in enumerate(ctx.params)},
+        )
+        self._live = weakref.ref(state)
+        return state
+
+    def compute_end(self, ctx: StepContext, state: _Start) -> dict[str, Any]:
+        """Fit the parabola and return alpha with the fit's inputs (layout in the docs)."""
+        layers = self._layers(ctx, self._end_statistic())
+        self._remember_optimizer(ctx)
+        batch = next((t.numel() for t in layers if t is not None), 0)
+        f_end, var_f_end = _loss_statistics(ctx.info, batch)
+        update = [(p.detach() - p0).to(torch.float64) for p, p0 in zip(ctx.params, state.theta)]
+        t = math.sqrt(sum(float((d * d).sum()) for d in update))
+        out: dict[str, Any] = {
+            "alpha": -1.0,
+            "exact": True,
+            "predictor": state.predictor,
+            "step_length": t,
+            "f": [state.f, f_end],
+            "var_f": [state.var_f, var_f_end],
+            "df": [math.nan, math.nan],
+            "var_df": [math.nan, math.nan],
+            "fit": [math.nan] * 3,
+        }
+        if t == 0.0:  # no step: no progress (Cockpit 1.0.2 also gives -1)
+            return out
+        slope = [
+            sum(float((g.to(torch.float64) * d).sum()) for g, d in zip(grads, update)) / t
+            for grads in (state.grad, ctx.grads)
+        ]
+        end_proj = sum(o.to(torch.float64) for o in layers if o is not None) / t
+        start_proj, diagonal, exact = self._start_projections(state, update, ctx.params)
+        var_df = [float(start_proj.var()) / t**2 + diagonal / t**2, float(end_proj.var())]
+        mu = fit_quadratic(t, out["f"], slope, out["var_f"], var_df)
+        out.update(
+            alpha=normalized_step(mu, t),
+            exact=exact,
+            df=slope,
+            var_df=var_df,
+            fit=[math.nan] * 3 if mu is None else [float(m) for m in mu],
+        )
+        return out
+
+    def _start_projections(
+        self, state: _Start, update: list[Tensor], params: list[Tensor]
+    ) -> tuple[Tensor, float, bool]:
+        """Per-sample ``g_n . d_fit`` at the start and the diagonal variance of the rest.
+
+        Per layer, ``d = d_fit + r`` with ``d_fit`` the least-squares fit of ``d`` in the
+        span of the projection directions: ``g_n . d_fit`` is exact from the ``B x 3``
+        projections; ``Var_n(g_n . r)`` is approximated by ``sum_i r_i^2 Var_n(g_n,i)``.
+        ``exact`` says whether every residual is within ``span_rtol`` (plus rounding).
+        """
+        batch = state.batch_size
+        x = torch.zeros(batch, dtype=torch.float64)
+        diagonal, exact = 0.0, True
+        rtol = self.config.span_rtol
+        for i, d in enumerate(update):
+            d = d.reshape(-1)
+            d_norm = float(d.norm())
+            if d_norm == 0.0:
+                continue
+            basis = torch.stack([state.grad[i], state.theta[i], state.direction[i]])
+            coeff, residual = _fit_in_span(basis.reshape(3, -1).to(torch.float64), d)
+            x += (state.proj[i].to(torch.float64) @ coeff.to(state.proj[i].device)).cpu()
+            rounding = torch.finfo(params[i].dtype).eps * float(params[i].detach().norm())
+            if float(residual.norm()) <= rtol * d_norm + rounding:
+                continue
+            exact = False
+            g = state.grad[i].reshape(-1).to(torch.float64)
+            sum_sq = state.sum_sq[i].reshape(-1).to(torch.float64)
+            variance = ((sum_sq - batch * g * g) / (batch - 1)).clamp(min=0.0)
+            diagonal += float((residual * residual * variance).sum())
+        return x, diagonal, exact
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _layers(self, ctx: StepContext, statistic: Statistic) -> list[Tensor | None]:
+        layers = ctx.stat(statistic)
+        err, self._transform_error = self._transform_error, None
+        if err is not None or any(t is not None and t.numel() == 0 for t in layers):
+            raise RuntimeError(
+                f"alpha could not project the per-sample gradients at step {ctx.step}: {err}"
+            ) from err
+        return layers
+
+    def _remember_optimizer(self, ctx: StepContext) -> None:
+        """Keep a predictor for ``info['optimizer']``: it serves the next step's transforms."""
+        optimizer = ctx.optimizer
+        if optimizer is not None:
+            self._predictor = UpdatePredictor(optimizer)
+
+
+def _fit_in_span(basis: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """Least-squares coefficients of ``d`` in the span of the rows of ``basis`` (3 x n).
+
+    Rows are normalized and directions closer than ~1e-6 rad are merged (pseudo-inverse of
+    the 3 x 3 Gram matrix), so a parallel pair (e.g. plain SGD: update = -lr g) is stable.
+
+    Returns:
+        ``(coefficients for the unnormalized rows, residual d - coefficients @ basis)``.
+
+    """
+    norms = basis.norm(dim=1)
+    scale = torch.where(norms > 0, 1.0 / norms, 0.0)
+    unit = basis * scale[:, None]
+    gram = (unit @ unit.T).cpu()
+    evals, evecs = torch.linalg.eigh(gram)
+    top = float(evals.max())
+    if top <= 0.0:
+        return torch.zeros(3, dtype=torch.float64), d
+    inverse = torch.where(evals > 1e-12 * top, 1.0 / evals, 0.0)
+    c_unit = evecs @ (inverse * (evecs.T @ (unit @ d).cpu()))
+    return c_unit * scale.cpu(), d - c_unit.to(unit.device) @ unit
+
+
+def _loss_statistics(info: dict, batch: int) -> tuple[float, float]:
+    """``(f, Var_n(l_n))``: ``info['loss']`` (else the mean of the losses), variance with B-1."""
+    losses = torch.as_tensor(info["individual_losses"]).detach().reshape(-1)
+    losses = losses.to("cpu", torch.float64)
+    if losses.numel() != batch:
+        raise ValueError(
+            f"info['individual_losses'] has {losses.numel()} entries, but the per-sample "
+            f"gradients have {batch} samples: pass the per-sample losses of this mini-batch "
+            "(reduction='none'), one per sample."
+        )
+    if batch < 2:
+        raise ValueError(
+            "alpha needs at least 2 samples per mini-batch: its variances divide by B - 1."
+        )
+    loss = info.get("loss")
+    f = losses.mean() if loss is None else torch.as_tensor(loss).detach().double().mean()
+    return float(f), float(losses.var())

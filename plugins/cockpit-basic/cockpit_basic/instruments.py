@@ -1,0 +1,213 @@
+"""Dashboard panels of cockpit-basic: loss, effective learning rate, norms, distances, time.
+
+Each ``draw(ax, output, header)`` gets ``{step: {quantity_name: value}}`` restricted to the
+panel's quantities (see :class:`cockpit_core.dashboard.Instrument`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cockpit_core.dashboard import Instrument, ema, param_names, per_param_series, series
+from cockpit_core.dashboard.style import (
+    MUTED,
+    PRIMARY,
+    SECONDARY,
+    finish,
+    line,
+    mark_nonfinite,
+    positive,
+)
+
+
+def _log_if_wide(ax: Any, values: np.ndarray) -> None:
+    """Log y-scale when values are positive and span more than a factor of 20."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if positive(v) and v.max() / v.min() > 20:
+        ax.set_yscale("log")
+
+
+def draw_loss(ax: Any, output: Any, header: Any) -> None:
+    """Mini-batch loss (grey) and its exponential moving average (blue)."""
+    steps, loss = series(output, "loss", None)
+    ax.plot(steps, loss, color=MUTED, lw=0.7, alpha=0.8, label="mini-batch loss")
+    line(ax, steps, ema(loss, 0.1), color=PRIMARY, label="moving average")
+    _log_if_wide(ax, loss)
+    finish(ax, ylabel="loss", legend=True)
+
+
+def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
+    """Update size divided by gradient norm: the learning rate for plain SGD."""
+    s_u, upd = series(output, "update_size")
+    s_g, gnorm = series(output, "grad_norm")
+    common, iu, ig = np.intersect1d(s_u, s_g, return_indices=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = upd[iu] / gnorm[ig]
+    ax.plot(common, ratio, color=MUTED, lw=0.7, label="per step")
+    line(ax, common, ema(ratio), color=PRIMARY, label="moving average")
+    _log_if_wide(ax, ratio)
+    finish(ax, ylabel=r"$\|\Delta\theta\| / \|g\|$", legend=True)
+    ax.text(
+        0.99,
+        0.03,
+        "= learning rate for plain SGD",
+        transform=ax.transAxes,
+        ha="right",
+        fontsize=7,
+        color=MUTED,
+    )
+
+
+def draw_grad_norm(ax: Any, output: Any, header: Any) -> None:
+    """Total gradient norm over steps with a moving average."""
+    steps, norm = series(output, "grad_norm")
+    ax.plot(steps, norm, color=MUTED, lw=0.7, alpha=0.8, label=r"$\|g\|$")
+    line(ax, steps, ema(norm), color=PRIMARY, label="moving average")
+    _log_if_wide(ax, norm)
+    finish(ax, ylabel="gradient norm", legend=True)
+
+
+def draw_per_layer(ax: Any, output: Any, header: Any, name: str, ylabel: str) -> None:
+    """One line per parameter of a ``{"total", "per_param"}`` quantity (top 8 labelled)."""
+    steps, per = per_param_series(output, name)
+    if per.size == 0:
+        ax.text(0.5, 0.5, "no per-parameter values", ha="center", transform=ax.transAxes)
+        return
+    names = param_names(header, per.shape[1])
+    cmap = _cmap(per.shape[1])
+    for j in range(per.shape[1]):
+        label = names[j] if j < 8 else None
+        ax.plot(steps, per[:, j], color=cmap[j], lw=1.0, label=label)
+        mark_nonfinite(ax, steps, per[:, j])
+    _log_if_wide(ax, per)
+    finish(ax, ylabel=ylabel)
+    if per.shape[1] <= 12:
+        ax.legend(fontsize=6, loc="best", ncol=2, framealpha=0.6)
+
+
+def _cmap(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cm = colormaps["viridis"]
+    return [cm(x) for x in np.linspace(0.0, 0.9, max(n, 1))]
+
+
+def draw_distance(ax: Any, output: Any, header: Any) -> None:
+    """Distance from the start (left axis) and update size (right axis)."""
+    handles = []
+    if any("distance" in v for v in output.values()):
+        steps, dist = series(output, "distance")
+        handles += ax.plot(
+            steps, dist, color=PRIMARY, lw=1.3, label=r"distance $\|\theta_t-\theta_0\|$"
+        )
+        mark_nonfinite(ax, steps, dist)
+        ax.set_ylabel(r"distance $\|\theta_t-\theta_0\|$", fontsize=8, color=PRIMARY)
+    if any("update_size" in v for v in output.values()):
+        twin = ax.twinx() if handles else ax
+        steps, upd = series(output, "update_size")
+        handles += twin.plot(steps, upd, color=SECONDARY, lw=1.0)
+        mark_nonfinite(twin, steps, upd)
+        _log_if_wide(twin, upd)
+        twin.set_ylabel(r"update size $\|\theta_{t+1}-\theta_t\|$", fontsize=8, color=SECONDARY)
+        twin.tick_params(labelsize=7)
+    finish(ax)  # the axis labels carry the colours of their curves: no legend over the data
+
+
+def draw_parameters(ax: Any, output: Any, header: Any) -> None:
+    """Norm of each parameter tensor over steps (from the ``parameters`` snapshots)."""
+    steps, rows = [], []
+    for step in sorted(output):
+        params = output[step]["parameters"]
+        rows.append([float(np.linalg.norm(np.asarray(p, dtype=float))) for p in params])
+        steps.append(step)
+    per = np.asarray(rows, dtype=float)
+    fake = {s: {"p": {"per_param": r}} for s, r in zip(steps, per)}
+    draw_per_layer(ax, fake, header, "p", r"$\|\theta_i\|$")
+
+
+def draw_time(ax: Any, output: Any, header: Any) -> None:
+    """Seconds per training step between consecutive tracked steps."""
+    steps, t = series(output, "time", None)
+    if len(steps) < 2:
+        ax.text(0.5, 0.5, "needs two tracked steps", ha="center", transform=ax.transAxes)
+        return
+    per_step = np.diff(t) / np.diff(steps)
+    line(ax, steps[1:], per_step * 1e3, color=PRIMARY)
+    finish(ax, ylabel="ms per step")
+
+
+INSTRUMENTS = [
+    Instrument(
+        name="loss",
+        title="Mini-batch loss",
+        topic="performance",
+        quantities=("loss",),
+        draw=draw_loss,
+        order=20,
+        size=2.0,
+        description="Training loss per step and its moving average.",
+    ),
+    Instrument(
+        name="hyperparameters",
+        title="Effective learning rate",
+        topic="performance",
+        quantities=("update_size", "grad_norm"),
+        draw=draw_effective_lr,
+        order=10,
+        description="Update size / gradient norm: the learning rate for plain SGD; it shows "
+        "momentum, schedules and adaptive scaling for other optimizers.",
+    ),
+    Instrument(
+        name="time",
+        title="Time per step",
+        topic="performance",
+        quantities=("time",),
+        draw=draw_time,
+        order=30,
+        min_steps=2,
+        description="Wall-clock milliseconds per training step.",
+    ),
+    Instrument(
+        name="distance",
+        title="Distance & update size",
+        topic="step size",
+        quantities=(),
+        optional=("distance", "update_size"),
+        draw=draw_distance,
+        order=20,
+        description="How far the parameters moved from the start, and each update's length.",
+    ),
+    Instrument(
+        name="grad_norm",
+        title="Gradient norm",
+        topic="step size",
+        quantities=("grad_norm",),
+        draw=draw_grad_norm,
+        order=30,
+        description="Norm of the mini-batch gradient.",
+    ),
+    Instrument(
+        name="parameters",
+        title="Parameter norm per layer",
+        topic="step size",
+        quantities=("parameters",),
+        draw=draw_parameters,
+        order=40,
+        description="Norm of each parameter tensor (from the parameter snapshots).",
+    ),
+    Instrument(
+        name="grad_norm_layers",
+        title="Gradient norm per layer",
+        topic="gradient",
+        quantities=("grad_norm",),
+        draw=lambda ax, output, header: draw_per_layer(
+            ax, output, header, "grad_norm", r"$\|g_i\|$"
+        ),
+        order=90,
+        description="Gradient norm of each parameter tensor: which layers learn.",
+    ),
+]
+"""The panels this plugin registers."""

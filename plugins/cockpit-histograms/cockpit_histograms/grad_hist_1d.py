@@ -1,0 +1,134 @@
+"""Histogram of all per-sample gradient elements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import Field, field_validator
+from torch import Tensor
+
+from cockpit_core import (
+    Quantity,
+    QuantityConfig,
+    Requirements,
+    Statistic,
+    StepContext,
+    per_sample_transform,
+)
+from cockpit_histograms._binning import (
+    EXTRA_1D,
+    RangeAdaptation,
+    check_layers,
+    check_range,
+    hist1d_layer,
+    param_abs_max,
+    stack_layers,
+)
+
+
+class GradHist1dConfig(QuantityConfig):
+    """Options of :class:`GradHist1d` (defaults as Cockpit 1.0.2's ``GradHist1d``)."""
+
+    bins: int = Field(100, ge=1, le=100_000, description="Number of bins.")
+    range: tuple[float, float] = Field(
+        (-2.0, 2.0),
+        description="Bin range (low, high); finite values outside are counted in the edge "
+        "bins. With 'adapt', the range of the first tracked step.",
+    )
+    adapt: RangeAdaptation | None = Field(
+        None,
+        description="Move the range to [-m, m] after each tracked step: "
+        "'grad_abs_max', 'param_abs_max' or {kind, padding, min_size}. None: fixed range.",
+    )
+    keep_individual: bool = Field(
+        True, description="Also return each parameter's counts ('per_param', [P, bins])."
+    )
+
+    @field_validator("range")
+    @classmethod
+    def _valid_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        return check_range(value, "range")
+
+
+class GradHist1d(Quantity):
+    """Histogram of the elements of all per-sample gradients ``g_n`` (Dangel et al., 2021).
+
+    Counts every element ``[g_n]_i`` for ``n = 1..B`` and every parameter element ``i``,
+    with ``g_n = grad l_n`` the gradient of sample ``n``'s own loss (as Cockpit 1.0.2, which
+    histograms ``B * grad_batch``). Bins are ``bins`` equal intervals of ``range``; finite
+    values outside are clamped into the edge bins, NaN/inf are counted apart.
+
+    Counts are computed per layer during backpropagation by a ``per_sample_transform``
+    (float32 clamp + ``torch.histc`` in chunks of ``2**24`` elements, so counts are exact),
+    and the layer's per-sample gradients are freed right after.
+
+    Range adaptation (``adapt``) needs the global maximum before binning, which is only
+    known once every layer was binned. So, like Cockpit 1.0.2 (which adapts in ``track``
+    after computing the histogram), the maximum observed at a tracked step sets the range
+    of the next tracked step. Unlike Cockpit, it only ignores non-finite values and adapts
+    on the histogram's own schedule (Cockpit gives the adaptation its own schedule).
+
+    Reference: Dangel, Tatzel & Hennig, "Cockpit: A Practical Debugging Tool for the
+    Training of Deep Neural Networks", NeurIPS 2021.
+    """
+
+    name = "grad_hist_1d"
+    Config = GradHist1dConfig
+
+    def __init__(self, config: Any = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        self._transform_error: Exception | None = None
+        self._range: tuple[float, float] = tuple(self.config.range)  # type: ignore[assignment]
+
+    @property
+    def current_range(self) -> tuple[float, float]:
+        """The range the next tracked step bins into."""
+        return self._range
+
+    def _statistic(self) -> Statistic:
+        bins = self.config.bins
+        if self.config.adapt is None:
+            lo, hi = self._range
+            key = f"grad_hist_1d(bins={bins},range=({lo!r},{hi!r}))"
+        else:  # the range changes from step to step: this instance's own statistic
+            key = f"grad_hist_1d[{self.key}](bins={bins},adaptive)"
+        return per_sample_transform(key, self._transform)
+
+    def requirements(self) -> Requirements:
+        """One per-sample transform whose key encodes the bins and the range."""
+        return Requirements(statistics=(self._statistic(),))
+
+    def _transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
+        try:
+            lo, hi = self._range
+            return hist1d_layer(per_sample, lo, hi, self.config.bins)
+        except Exception as err:  # never break the user's backward pass
+            self._transform_error = err
+            return per_sample.new_empty(0)
+
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
+        """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""
+        bins = self.config.bins
+        layers = ctx.stat(self._statistic())
+        error, self._transform_error = self._transform_error, None
+        check_layers(layers, bins + EXTRA_1D, error, ctx.param_names)
+        rows = stack_layers(layers, bins + EXTRA_1D, maxima=1)
+        table = rows.cpu().numpy()  # one device sync for all layers
+        per_param = np.rint(table[:, :bins]).astype(np.int64)
+        bad = np.rint(table[:, bins : bins + 3].sum(0)).astype(np.int64)
+        grad_abs_max = float(table[:, bins + 3].max()) if len(table) else -1.0
+        lo, hi = self._range
+        out: dict[str, Any] = {
+            "hist": per_param.sum(0),
+            "edges": np.linspace(lo, hi, bins + 1),
+            "nonfinite": {"nan": int(bad[0]), "posinf": int(bad[1]), "neginf": int(bad[2])},
+            "grad_abs_max": grad_abs_max if grad_abs_max >= 0 else float("nan"),
+        }
+        if self.config.keep_individual:
+            out["per_param"] = per_param
+        adapt = self.config.adapt
+        if adapt is not None:
+            observed = grad_abs_max if adapt.kind == "grad_abs_max" else param_abs_max(ctx.params)
+            self._range = adapt.new_range(observed, self._range)
+        return out

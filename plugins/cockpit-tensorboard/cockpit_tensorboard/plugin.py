@@ -1,0 +1,17 @@
+"""Entry point of cockpit-tensorboard: registers the ``tensorboard`` sink."""
+
+from cockpit_core import hookimpl
+from cockpit_tensorboard.sink import TensorBoardConfig, TensorBoardSink
+
+COCKPIT_PROTOCOL_VERSION = 1
+
+
+@hookimpl
+def register_sinks(register):
+    """Register the ``tensorboard`` sink (``Cockpit(..., sinks=["tensorboard"])``)."""
+    register(
+        "tensorboard",
+        TensorBoardSink,
+        config=TensorBoardConfig,
+        description="Scalars and histograms of every tracked value, as TensorBoard events.",
+    )
