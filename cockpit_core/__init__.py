@@ -8,11 +8,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from cockpit_core.backends.backpack import extend
 from cockpit_core.cache import Cache
-from cockpit_core.cockpit import Cockpit, CockpitWarning
+from cockpit_core.cockpit import Cockpit
 from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities
 from cockpit_core.context import StepContext
 from cockpit_core.errors import (
     CockpitError,
+    CockpitWarning,
     ConfigError,
     DuplicateQuantityError,
     MissingInfoError,

@@ -7,11 +7,9 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from cockpit_core import checks
@@ -23,38 +21,18 @@ from cockpit_core.config import (
     parse_settings,
     resolve_quantities,
 )
-from cockpit_core.context import HessianVectorProducts, StepContext, StepData
+from cockpit_core.context import StepContext, StepData
 from cockpit_core.coverage import CoverageReport, check_model
-from cockpit_core.errors import ConfigError, MissingInfoError, MisuseError
+from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError
 from cockpit_core.log import LogWriter
+from cockpit_core.normalize import check_unique_keys, split_params, to_serializable
 from cockpit_core.quantity import Quantity
 from cockpit_core.registry import Registry, default_registry
-from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
+from cockpit_core.requirements import MergedRequirements, merge_requirements
+from cockpit_core.step import StepRun, Task
 
 Record = dict[str, Any]
 Sink = Callable[[Record], None]
-
-
-class CockpitWarning(UserWarning):
-    """A quantity failed at a step; training goes on."""
-
-
-@dataclass(frozen=True)
-class _Task:
-    """One quantity computing one phase (``single``, ``start`` or ``end``) at a step."""
-
-    quantity: Quantity
-    phase: str
-    start_step: int  # storage step
-
-    @property
-    def requirements(self) -> Requirements:
-        q = self.quantity
-        if self.phase == "start":
-            return q.start_requirements()  # type: ignore[attr-defined]
-        if self.phase == "end":
-            return q.end_requirements()  # type: ignore[attr-defined]
-        return q.requirements()
 
 
 class Cockpit:
@@ -126,9 +104,9 @@ class Cockpit:
             _source,
         )
         self.registry = registry if registry is not None else default_registry()
-        self.params, self.param_names = _split_params(params)
+        self.params, self.param_names = split_params(params)
         self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
-        _check_unique_keys(self.quantities, _source)
+        check_unique_keys(self.quantities, _source)
         self.on_error = on_error
         self.debug = debug
         self.keep_in_memory = keep_in_memory
@@ -226,7 +204,7 @@ class Cockpit:
         self, step: int, info: Mapping[str, Any] | None = None
     ) -> contextlib.AbstractContextManager:
         """Context manager around ``loss.backward()`` for ``step``."""
-        return _StepRun(self, step, dict(info or {}))
+        return StepRun(self, step, dict(info or {}))
 
     def retain_graph(self, step: int) -> bool:
         """Whether ``backward`` must keep the graph at ``step`` (a quantity needs HVPs)."""
@@ -294,7 +272,7 @@ class Cockpit:
 
     # -- scheduling -----------------------------------------------------------------------
 
-    def _tasks(self, step: int) -> list[_Task]:
+    def _tasks(self, step: int) -> list[Task]:
         tasks = []
         for q in self.quantities:
             if q.key in self._disabled:
@@ -302,14 +280,14 @@ class Cockpit:
             if q.two_step:
                 start = self._pending.get(q.key)
                 if start is not None and start < step:
-                    tasks.append(_Task(q, "end", start))
+                    tasks.append(Task(q, "end", start))
                 if q.is_active(step):
-                    tasks.append(_Task(q, "start", step))
+                    tasks.append(Task(q, "start", step))
             elif q.is_active(step):
-                tasks.append(_Task(q, "single", step))
+                tasks.append(Task(q, "single", step))
         return tasks
 
-    def _merged_for(self, tasks: list[_Task]) -> MergedRequirements:
+    def _merged_for(self, tasks: list[Task]) -> MergedRequirements:
         # Requirements are asked for at every step (they may change, e.g. an adapted
         # histogram range); merging is cached per distinct combination.
         requests = tuple((t.quantity.key, t.requirements) for t in tasks)
@@ -340,9 +318,7 @@ class Cockpit:
 
     # -- running a step -------------------------------------------------------------------
 
-    def _run_tasks(
-        self, step: int, tasks: list[_Task], data: StepData, merged: MergedRequirements
-    ) -> None:
+    def _run_tasks(self, step: int, tasks: list[Task], data: StepData) -> None:
         values: dict[int, dict[str, Any]] = {}
         for task in tasks:
             q = task.quantity
@@ -386,7 +362,7 @@ class Cockpit:
             if message:
                 warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=4)
 
-    def _skip_nonfinite(self, step: int, tasks: list[_Task], info: Mapping[str, Any]) -> bool:
+    def _skip_nonfinite(self, step: int, tasks: list[Task], info: Mapping[str, Any]) -> bool:
         """Skip the step's quantities (recording why) if the loss or gradients are not finite."""
         reason = checks.nonfinite_reason(info, self.params, self.param_names)
         if reason is None:
@@ -454,128 +430,3 @@ class Cockpit:
                     CockpitWarning,
                     stacklevel=3,
                 )
-
-
-class _StepRun:
-    """The ``with cp(step, info=...)`` block of one step."""
-
-    def __init__(self, cockpit: Cockpit, step: int, info: dict[str, Any]):
-        self.cp, self.step, self.info = cockpit, step, info
-        self._backend_ctx: contextlib.AbstractContextManager | None = None
-
-    def __enter__(self) -> _StepRun:
-        cp, step = self.cp, self.step
-        if cp._in_step:
-            raise MisuseError(
-                f"cp({step}) entered while another cockpit step is active; use one "
-                "`with cp(step, ...)` block per training step, around loss.backward()."
-            )
-        if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
-            raise MisuseError(f"step must be an integer, got {step!r}.")
-        if cp._last_step is not None and step <= cp._last_step:
-            raise MisuseError(
-                f"step {step} comes after step {cp._last_step}: steps must increase. Pass the "
-                "global iteration counter, not the epoch-local batch index."
-            )
-        if not cp._info_checked:
-            cp._check_info(self.info, [q for q in cp.quantities])
-            cp._info_checked = True
-            cp._warn_misuse(self.info)
-        self.tasks = cp._tasks(step)
-        cp._check_info(self.info, [t.quantity for t in self.tasks])
-        self.merged = cp._merged_for(self.tasks)
-        cp._in_step = True
-        self.stats: dict = {}
-        self.missing: dict = {}
-        if self.merged.statistics:
-            batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
-            self._backend_ctx = cp._backend.collect(self.merged, int(batch_size))
-            self.stats, self.missing = self._backend_ctx.__enter__()
-        if cp.debug:
-            names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
-            stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
-            print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}")
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        cp = self.cp
-        cp._in_step = False
-        try:
-            if self._backend_ctx is not None:
-                self._backend_ctx.__exit__(exc_type, exc, tb)
-        finally:
-            self._backend_ctx = None
-        if exc_type is not None:
-            return False
-        cp._last_step = self.step
-        hvp = (
-            HessianVectorProducts(self.info.get("loss"), cp.params)
-            if self.merged.loss_graph
-            else None
-        )
-        data = StepData(
-            self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp
-        )
-        try:
-            if self.tasks and not cp._skip_nonfinite(self.step, self.tasks, self.info):
-                cp._run_tasks(self.step, self.tasks, data, self.merged)
-        finally:
-            data.release()
-            self.stats = {}
-            self.info = {}
-            cp._cache.evict(self.step)
-        return False
-
-
-def _split_params(params: Any) -> tuple[list[torch.nn.Parameter], list[str]]:
-    if isinstance(params, torch.nn.Module):
-        params = params.named_parameters()
-    items = list(params)
-    if not items:
-        raise ConfigError([("params", "no parameters given: pass model.named_parameters()")])
-    if all(isinstance(x, tuple) and len(x) == 2 for x in items):
-        names, ps = [str(n) for n, _ in items], [p for _, p in items]
-    else:
-        ps, names = items, [str(i) for i in range(len(items))]
-    for n, p in zip(names, ps):
-        if not isinstance(p, torch.Tensor):
-            raise ConfigError([("params", f"'{n}' is a {type(p).__name__}, not a torch parameter")])
-    frozen = [n for n, p in zip(names, ps) if not p.requires_grad]
-    if frozen:
-        raise MisuseError(
-            f"parameters {frozen} do not require gradients, so no statistics can be computed "
-            "for them. Pass only trainable parameters: "
-            "[(n, p) for n, p in model.named_parameters() if p.requires_grad]."
-        )
-    return ps, names
-
-
-def _check_unique_keys(quantities: list[Quantity], source: str | None) -> None:
-    seen: dict[str, int] = {}
-    errors = []
-    for i, q in enumerate(quantities):
-        if q.key in seen:
-            errors.append(
-                (
-                    f"quantities.{i}",
-                    f"'{q.key}' is tracked twice (also entry {seen[q.key]}); "
-                    "give one of them a distinct 'label'",
-                )
-            )
-        seen.setdefault(q.key, i)
-    if errors:
-        raise ConfigError(errors, source)
-
-
-def to_serializable(value: Any) -> Any:
-    """Convert tensors to numpy/floats (recursively) so that values can be logged."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        return value.item() if value.ndim == 0 else value.numpy()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {str(k): to_serializable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_serializable(v) for v in value]
-    return value

@@ -71,3 +71,7 @@ class UnsupportedModelError(CockpitError):
 
 class MisuseError(CockpitError):
     """The Cockpit object was used in a way that cannot give correct results."""
+
+
+class CockpitWarning(UserWarning):
+    """Something went wrong that does not stop training (a quantity failed, a step was skipped)."""
