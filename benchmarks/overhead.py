@@ -1,0 +1,575 @@
+"""Overhead of cockpit over plain training, measured side by side (issue 7).
+
+Runs plain training and every configuration (presets and single quantities, tracking every
+step and every 16th step) on two synthetic problems, each configuration in a fresh
+subprocess, alternating with plain runs (plain, config, plain, config, ..., plain), and
+reports step times and peak memory as ratios to the neighbouring plain runs. With
+``--reference-python`` it also runs Cockpit 1.0.2 on the same problems in the same run.
+
+    .venv/bin/python benchmarks/overhead.py                      # full run (~20 min on 2 cores)
+    .venv/bin/python benchmarks/overhead.py --quick              # smoke run (~1-2 min)
+    .venv/bin/python benchmarks/overhead.py --reference-python /tmp/refvenv/bin/python
+
+Results: ``benchmarks/results/<name>.json`` and ``<name>.md``. See ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "overhead_child.py"
+PRESETS = ("economy", "business", "full")
+PROBLEMS = ("mlp", "cnn")
+DEFAULTS = {
+    "warmup": {"mlp": 5, "cnn": 2},
+    "steps": {"mlp": 50, "cnn": 5},
+    "periods": {"mlp": 3, "cnn": 2},
+    "plain_steps": {"mlp": 100, "cnn": 8},
+    "reference_steps": {"mlp": 30, "cnn": 3},
+    "reference_periods": {"mlp": 2, "cnn": 1},
+}
+QUICK = {
+    "warmup": {"mlp": 2, "cnn": 1},
+    "steps": {"mlp": 10, "cnn": 2},
+    "periods": {"mlp": 1, "cnn": 1},
+    "plain_steps": {"mlp": 30, "cnn": 3},
+    "reference_steps": {"mlp": 5, "cnn": 2},
+    "reference_periods": {"mlp": 1, "cnn": 1},
+}
+QUICK_CONFIGS = "economy,grad_norm"
+
+
+def per_problem(text: str | None, default: dict[str, int]) -> dict[str, int]:
+    """Parse ``"8"`` (all problems) or ``"mlp=60,cnn=6"`` over ``default``."""
+    out = dict(default)
+    if not text:
+        return out
+    for part in text.split(","):
+        if "=" in part:
+            key, value = part.split("=", 1)
+            if key.strip() not in PROBLEMS:
+                raise SystemExit(f"unknown problem {key!r} in {text!r}; use {PROBLEMS}")
+            out[key.strip()] = int(value)
+        else:
+            out = {p: int(part) for p in out}
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--problems", default="mlp,cnn", help="comma list of mlp, cnn")
+    p.add_argument(
+        "--configs",
+        default=None,
+        help="comma list of preset names, quantity names, 'presets' (economy, business, full)\n"
+        "and 'quantities' (every installed quantity); default: presets,quantities",
+    )
+    p.add_argument("--schedules", default="1,16", help="tracking intervals (default 1,16)")
+    for key, helptext in (
+        ("warmup", "warm-up steps per run (not measured)"),
+        ("steps", "measured steps of a configuration tracking every step"),
+        ("periods", "measured periods (of N steps) of a configuration tracking every N-th step"),
+        ("plain_steps", "measured steps of each plain run"),
+        ("reference_steps", "measured steps of a reference run tracking every step"),
+        ("reference_periods", "measured periods of a reference run tracking every N-th step"),
+    ):
+        p.add_argument(
+            "--" + key.replace("_", "-"),
+            default=None,
+            help=f"{helptext}: N or mlp=N,cnn=M (default {DEFAULTS[key]})",
+        )
+    p.add_argument("--quick", action="store_true", help="smoke run: few steps and configs")
+    p.add_argument(
+        "--render",
+        metavar="JSON",
+        default=None,
+        help="only rewrite the Markdown table of an earlier result file (next to it)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda (same ratios)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--python", default=sys.executable, help="python of the project environment")
+    p.add_argument(
+        "--reference-python",
+        default=None,
+        help="python of a venv with cockpit-for-pytorch==1.0.2 (and setuptools<81)",
+    )
+    p.add_argument(
+        "--reference-configs",
+        default="presets",
+        help="configurations also run with the reference (default: presets)",
+    )
+    p.add_argument("--output-dir", default=str(HERE / "results"))
+    p.add_argument("--name", default=None, help="file stem (default overhead, overhead_quick)")
+    p.add_argument("--child-timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.2,
+        help="CPU cores other processes may use during a run before it counts as noisy",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        help="seconds to wait at most, before each pair, for other processes to go quiet",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run: keep the runs in <name>.partial.json, run the rest",
+    )
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=float("inf"),
+        help="start no new configuration after this many minutes (the rest is marked not run)",
+    )
+    p.add_argument(
+        "--retries", type=int, default=1, help="reruns of a noisy plain/configuration pair"
+    )
+    args = p.parse_args(argv)
+    table = QUICK if args.quick else DEFAULTS
+    for key in DEFAULTS:
+        setattr(args, key, per_problem(getattr(args, key), table[key]))
+    args.problems = [x.strip() for x in args.problems.split(",") if x.strip()]
+    for problem in args.problems:
+        if problem not in PROBLEMS:
+            raise SystemExit(f"unknown problem {problem!r}: use {', '.join(PROBLEMS)}")
+    args.schedules = [int(x) for x in args.schedules.split(",") if x.strip()]
+    if args.configs is None:
+        args.configs = QUICK_CONFIGS if args.quick else "presets,quantities"
+    if args.name is None:
+        args.name = "overhead_quick" if args.quick else "overhead"
+    return args
+
+
+def installed_quantities(python: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Quantity names, plugin versions and plugin load errors of the project environment."""
+    code = (
+        "import json, cockpit_core as c; r = c.default_registry(); "
+        "print(json.dumps([r.names(), {p.distribution: p.version for p in r.plugins if p.ok}, "
+        "{p.distribution: p.error for p in r.plugins if not p.ok}]))"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    names, plugins, failed = json.loads(out.stdout.strip().splitlines()[-1])
+    return names, plugins, failed
+
+
+def expand_configs(text: str, quantities: list[str]) -> list[tuple[str, str]]:
+    """``[("preset", "economy"), ("quantity", "alpha"), ...]`` from a comma list."""
+    out: list[tuple[str, str]] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if item == "presets":
+            out += [("preset", p) for p in PRESETS]
+        elif item == "quantities":
+            out += [("quantity", q) for q in quantities]
+        elif item in PRESETS:
+            out.append(("preset", item))
+        else:
+            out.append(("quantity", item))  # unknown names fail in the child and are recorded
+    seen: set[tuple[str, str]] = set()
+    return [c for c in out if not (c in seen or seen.add(c))]
+
+
+def child_spec(args: argparse.Namespace, kind: str, problem: str, every: int, config=None) -> dict:
+    spec: dict[str, Any] = {
+        "kind": kind,
+        "problem": problem,
+        "device": args.device,
+        "threads": args.threads,
+        "seed": args.seed,
+        "warmup": args.warmup[problem],
+        "every": every,
+    }
+    if kind == "plain":
+        spec["steps"] = args.plain_steps[problem]
+    elif kind == "ours":
+        spec["steps"] = args.steps[problem] if every == 1 else every * args.periods[problem]
+    else:
+        ref_steps, ref_periods = args.reference_steps[problem], args.reference_periods[problem]
+        spec["steps"] = ref_steps if every == 1 else every * ref_periods
+        spec["warmup"] = min(spec["warmup"], 2)
+    if config is not None:
+        spec[config[0]] = config[1]
+    return spec
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine since boot, from ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(v) for v in f.readline().split()[1:9]]
+    except OSError:
+        return 0.0, 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = vals
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def foreign_load(seconds: float) -> float:
+    """CPU cores used by other processes over ``seconds`` (this process sleeps meanwhile)."""
+    busy0, _ = _cpu_seconds()
+    time.sleep(seconds)
+    busy1, _ = _cpu_seconds()
+    return (busy1 - busy0) / seconds
+
+
+def wait_until_quiet(threshold: float, max_wait: float) -> tuple[float, float]:
+    """Wait until other processes use at most ``threshold`` cores; return (waited s, load)."""
+    t0 = time.perf_counter()
+    load = foreign_load(0.3)
+    while load > threshold and time.perf_counter() - t0 < max_wait:
+        time.sleep(2.0)
+        load = foreign_load(0.5)
+    return time.perf_counter() - t0, load
+
+
+def run_child(python: str, spec: dict, timeout: float) -> dict:
+    """Run one configuration in a fresh process; never raises.
+
+    Besides the child's own result, records ``foreign_cores``: CPU cores that other
+    processes used meanwhile (machine busy time minus the child's CPU time, per wall second),
+    and ``steal_cores`` (time the hypervisor gave our CPUs to others).
+    """
+    from overhead_child import RESULT_TAG
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), PYTHONWARNINGS="ignore")
+    busy0, steal0 = _cpu_seconds()
+    cpu0 = _children_cpu()
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [python, str(CHILD), json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=str(HERE),
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith(RESULT_TAG)]
+        if lines:
+            result = json.loads(lines[-1][len(RESULT_TAG) :])
+        else:
+            tail = (proc.stderr or proc.stdout)[-1500:]
+            result = {"ok": False, "error": f"exit code {proc.returncode}: {tail.strip()}"}
+    except subprocess.TimeoutExpired:
+        result = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - t0
+    busy1, steal1 = _cpu_seconds()
+    result["spec"] = spec
+    result["wall_s"] = wall
+    result["foreign_cores"] = max(0.0, (busy1 - busy0) - (_children_cpu() - cpu0)) / wall
+    result["steal_cores"] = (steal1 - steal0) / wall
+    return result
+
+
+# -- statistics -----------------------------------------------------------------------------
+
+
+def step_stat(times: list[float], every: int) -> float:
+    """Median step time; tracking every N-th step: median over N-step periods of their mean."""
+    if every == 1:
+        return statistics.median(times)
+    periods = [times[i : i + every] for i in range(0, len(times) - every + 1, every)]
+    return statistics.median(statistics.fmean(p) for p in periods)
+
+
+def plain_stat(runs: list[dict], every: int) -> float | None:
+    """Plain step time from the neighbouring plain runs: median (every step) or mean."""
+    times = [t for r in runs if r.get("ok") for t in r["times_s"]]
+    if not times:
+        return None
+    return statistics.median(times) if every == 1 else statistics.fmean(times)
+
+
+def summarize(unit: dict, plains: list[dict], threshold: float) -> dict:
+    """Ratios of one configuration run to its neighbouring plain runs."""
+    res, every = unit["result"], unit["every"]
+    out: dict[str, Any] = {"ok": bool(res.get("ok")), "wall_s": res.get("wall_s")}
+    out["foreign_cores"] = max(r.get("foreign_cores", 0.0) for r in [res, *plains])
+    out["noisy"] = out["foreign_cores"] > threshold
+    if not res.get("ok"):
+        out["error"] = res.get("error", "failed")
+        return out
+    base = plain_stat(plains, every)
+    step = step_stat(res["times_s"], every)
+    out["step_ms"] = 1e3 * step
+    out["plain_step_ms"] = None if base is None else 1e3 * base
+    out["time_ratio"] = None if base is None else step / base
+    rss = [r["peak_rss_mb"] for r in plains if r.get("ok")]
+    out["peak_rss_mb"] = res["peak_rss_mb"]
+    out["rss_ratio"] = res["peak_rss_mb"] / statistics.fmean(rss) if rss else None
+    if "cuda_peak_mb" in res:
+        cuda = [r["cuda_peak_mb"] for r in plains if r.get("ok") and "cuda_peak_mb" in r]
+        out["cuda_peak_mb"] = res["cuda_peak_mb"]
+        out["cuda_ratio"] = res["cuda_peak_mb"] / statistics.fmean(cuda) if cuda else None
+    out["hvps_per_tracked_step"] = res.get("hvps_per_tracked_step")
+    if "hess_max_ev_hvps_from_output" in res:
+        out["hess_max_ev_hvps_from_output"] = res["hess_max_ev_hvps_from_output"]
+    out["errors"] = res.get("errors", [])
+    if res.get("torchvision_imported"):
+        out["errors"] = out["errors"] + ["torchvision was imported"]
+    return out
+
+
+def machine_info(args: argparse.Namespace) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "threads": args.threads,
+        "device": args.device,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        root = HERE.parent
+        git = ["git", "-C", str(root)]
+        info["git_commit"] = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain"], capture_output=True, text=True
+        ).stdout
+        info["git_uncommitted_files"] = len(dirty.splitlines())
+    except OSError:
+        pass
+    return info
+
+
+def _unit_key(entry: dict) -> tuple:
+    return (entry["kind"], entry["problem"], entry["every"], tuple(entry["config"] or ()))
+
+
+def _was_run(entry: dict) -> bool:
+    """Whether a loaded configuration ran (successfully or with its own error)."""
+    res = entry.get("result", {})
+    return bool(res.get("ok")) or not str(res.get("error", "")).startswith("not run")
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _progress(done: int, total: int, entry: dict) -> None:
+    res = entry["result"]
+    label = "plain" if entry["config"] is None else entry["config"][1]
+    status = "ok" if res.get("ok") else "FAILED: " + res.get("error", "")[:200]
+    if res.get("ok"):
+        status += f" {1e3 * step_stat(res['times_s'], entry['every']):.2f} ms/step"
+    print(
+        f"[overhead] {done}/{total} {entry['problem']} {entry['kind']} {label} every "
+        f"{entry['every']}: {status} [{res['wall_s']:.1f} s, others used "
+        f"{res['foreign_cores']:.2f} cores]",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(HERE))
+    from overhead_report import evaluate_targets, render_markdown
+
+    args = parse_args(argv)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        targets = evaluate_targets(data["results"])
+        md = Path(args.render).with_suffix(".md")
+        md.write_text(render_markdown(data["meta"], targets, data["results"]))
+        print(f"[overhead] wrote {md}")
+        return 0
+    signal.signal(signal.SIGTERM, _terminate)  # so that subprocess.run kills the running child
+    started = time.perf_counter()
+    names, plugins, failed_plugins = installed_quantities(args.python)
+    configs = expand_configs(args.configs, names)
+    ref_configs = (
+        set(expand_configs(args.reference_configs, names)) if args.reference_python else set()
+    )
+    if args.reference_python and not Path(args.reference_python).exists():
+        raise SystemExit(f"--reference-python {args.reference_python} does not exist")
+
+    # The plan: for each unit, a plain run and then the unit; one last plain run per problem.
+    # Presets first (the targets), then single quantities; each reference run right after
+    # ours of the same configuration.
+    plan: list[dict] = []
+    groups = [[c for c in configs if c[0] == "preset"], [c for c in configs if c[0] != "preset"]]
+    for problem in args.problems:
+        for group in groups:
+            for every in args.schedules:
+                for config in group:
+                    for kind in ("ours", "reference"):
+                        if kind == "ours" or config in ref_configs:
+                            plan.append(
+                                {"kind": kind, "problem": problem, "every": every, "config": config}
+                            )
+    partial = Path(args.output_dir) / f"{args.name}.partial.json"
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    total_pairs = len(plan) + len(args.problems)
+    print(f"[overhead] {total_pairs} plain/configuration pairs; quantities: {', '.join(names)}")
+    sequence: list[dict] = []
+    discarded: list[dict] = []
+    session = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    if args.resume and partial.exists():
+        loaded = json.loads(partial.read_text())
+        sequence, discarded = loaded["runs"], loaded["discarded_runs"]
+        print(f"[overhead] resuming: {len(sequence)} runs loaded from {partial}", flush=True)
+    finished = {_unit_key(e) for e in sequence if e["kind"] != "plain" and _was_run(e)}
+    done = 0
+    for problem in args.problems:
+        ran = False
+        for unit in [u for u in plan if u["problem"] == problem] + [None]:
+            done += 1
+            if unit is not None and _unit_key(unit) in finished:
+                continue
+            if unit is None and not ran:
+                continue
+            ran = True
+            if unit is not None and time.perf_counter() - started > 60 * args.max_minutes:
+                unit["result"] = {"ok": False, "error": "not run: --max-minutes reached"}
+                sequence.append(unit)
+                continue
+            attempts = []
+            for attempt in range(args.retries + 1):
+                waited, load = wait_until_quiet(args.quiet_threshold, args.quiet_wait)
+                if waited > 5:
+                    print(f"[overhead]   waited {waited:.0f} s for a quiet machine", flush=True)
+                pair = [{"kind": "plain", "problem": problem, "every": 1, "config": None}]
+                if unit is not None:
+                    pair.append(dict(unit))
+                for entry in pair:
+                    entry["session"] = session
+                for entry in pair:
+                    python = args.reference_python if entry["kind"] == "reference" else args.python
+                    spec = child_spec(args, entry["kind"], problem, entry["every"], entry["config"])
+                    entry["result"] = res = run_child(python, spec, args.child_timeout)
+                    res.update(attempt=attempt, waited_s=waited, foreign_cores_before=load)
+                    _progress(done, total_pairs, entry)
+                noise = max(e["result"]["foreign_cores"] for e in pair)
+                attempts.append((noise, attempt, pair))
+                if noise <= args.quiet_threshold or attempt == args.retries:
+                    break
+                print(f"[overhead]   other processes used {noise:.2f} cores: retrying", flush=True)
+            attempts.sort(key=lambda a: (a[0], a[1]))
+            sequence += attempts[0][2]
+            for _, _, pair in attempts[1:]:
+                discarded += pair
+            partial.write_text(json.dumps({"runs": sequence, "discarded_runs": discarded}))
+
+    results: dict[str, Any] = {}
+    for i, entry in enumerate(sequence):
+        if entry["kind"] == "plain":
+            continue
+        # neighbouring plain runs: the one just before (the plan puts one before every
+        # configuration) and the next one of the same problem
+        same = [
+            (j, e)
+            for j, e in enumerate(sequence)
+            if e["kind"] == "plain"
+            and e["problem"] == entry["problem"]
+            and e.get("session") == entry.get("session")
+        ]
+        before = [e for j, e in same if j < i][-1:]
+        after = [e for j, e in same if j > i][:1]
+        plains = [e["result"] for e in before + after]
+        summary = summarize(entry, plains, args.quiet_threshold)
+        label = entry["config"][1]
+        slot = results.setdefault(entry["problem"], {}).setdefault(
+            label, {"type": entry["config"][0]}
+        )
+        slot.setdefault(entry["kind"], {})[str(entry["every"])] = summary
+    for problem in args.problems:
+        plain_runs = [
+            e["result"] for e in sequence if e["kind"] == "plain" and e["problem"] == problem
+        ]
+        ok = [r for r in plain_runs if r.get("ok")]
+        results.setdefault(problem, {})["plain"] = {
+            "type": "plain",
+            "step_ms_median": 1e3 * plain_stat(ok, 1) if ok else None,
+            "step_ms_mean": 1e3 * plain_stat(ok, 2) if ok else None,
+            "peak_rss_mb": statistics.fmean(r["peak_rss_mb"] for r in ok) if ok else None,
+            "runs": len(plain_runs),
+            "failed": len(plain_runs) - len(ok),
+        }
+        for slot in results[problem].values():
+            ours, ref = slot.get("ours", {}), slot.get("reference", {})
+            for every, mine in ours.items():
+                theirs = ref.get(every)
+                if mine.get("time_ratio") and theirs and theirs.get("time_ratio"):
+                    mine["vs_reference"] = mine["time_ratio"] / theirs["time_ratio"]
+                    mine["vs_reference_raw"] = mine["step_ms"] / theirs["step_ms"]
+
+    torch_versions = sorted(
+        {e["result"].get("torch") for e in sequence if e["result"].get("torch")}
+    )
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(args),
+        "torch": torch_versions,
+        "plugins": plugins,
+        "failed_plugins": failed_plugins,
+        "quantities_installed": names,
+        "reference_python": args.reference_python,
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "problems",
+                "configs",
+                "schedules",
+                "seed",
+                "reference_configs",
+                "quiet_threshold",
+                "quiet_wait",
+                "retries",
+                *DEFAULTS,
+            )
+        },
+        "total_wall_s": time.perf_counter() - started,
+        "loadavg_end": os.getloadavg(),
+    }
+    targets = evaluate_targets(results)
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "meta": meta,
+        "targets": targets,
+        "results": results,
+        "runs": sequence,
+        "discarded_runs": discarded,
+    }
+    json_path = out_dir / f"{args.name}.json"
+    md_path = out_dir / f"{args.name}.md"
+    json_path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    md_path.write_text(render_markdown(meta, targets, results))
+    print(f"[overhead] wrote {json_path} and {md_path} in {meta['total_wall_s']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

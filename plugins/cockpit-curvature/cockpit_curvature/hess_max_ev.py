@@ -1,0 +1,137 @@
+"""Largest eigenvalue(s) of the mini-batch loss Hessian, from Hessian-vector products."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+
+from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
+from cockpit_curvature._common import flatten, split_like, step_generator
+from cockpit_curvature._lanczos import lanczos
+
+_CACHE_KEY = "eigenvectors"
+
+
+class HessMaxEVConfig(QuantityConfig):
+    """Options of :class:`HessMaxEV`."""
+
+    which: Literal["largest_algebraic", "largest_magnitude"] = Field(
+        "largest_algebraic",
+        description="'largest_algebraic': the largest eigenvalues (most positive); "
+        "'largest_magnitude': the eigenvalues of largest absolute value, signed (what "
+        "Cockpit 1.0.2's power iteration approximates).",
+    )
+    k: int = Field(1, ge=1, description="Number of eigenvalues to compute (top-k).")
+    tol: float = Field(
+        1e-4,
+        gt=0,
+        lt=1,
+        description="Relative accuracy: stop when every wanted eigenvalue's residual-based "
+        "error bound is below tol * |eigenvalue|.",
+    )
+    max_iter: int = Field(100, ge=1, description="Most Hessian-vector products per tracked step.")
+    basis_size: int = Field(
+        20,
+        ge=3,
+        description="Lanczos vectors kept before a thick restart (memory: that many copies "
+        "of the parameters).",
+    )
+    warm_start: bool = Field(
+        True,
+        description="Start from the eigenvectors of the previous tracked step (kept in the "
+        "cache until then: k copies of the parameters).",
+    )
+    warm_start_max_gap: int = Field(
+        1000,
+        ge=1,
+        description="Keep eigenvectors for a warm start only if the next tracked step is at "
+        "most this many steps away.",
+    )
+    seed: int = Field(0, ge=0, description="Seed of the random start vector (with the step).")
+
+    @model_validator(mode="after")
+    def _basis_holds_k(self) -> HessMaxEVConfig:
+        if self.basis_size < self.k + 2:
+            raise ValueError(
+                f"basis_size ({self.basis_size}) must be at least k + 2 ({self.k + 2})"
+            )
+        return self
+
+
+class HessMaxEV(Quantity):
+    """Largest eigenvalue(s) of the Hessian ``H`` of the mini-batch loss.
+
+    Computed by Lanczos iteration (Lanczos, 1950) with full reorthogonalization and thick
+    restarts (Wu & Simon, 2000), using one Hessian-vector product ``H v`` per iteration
+    (Pearlmutter, 1994, "Fast exact multiplication by the Hessian"). A Ritz pair
+    ``(theta, x)`` has residual ``rho = ||H x - theta x||`` for free; the iteration stops
+    when the error bound ``min(rho, rho^2 / delta) <= tol * |theta|`` holds (``delta``: the
+    gap to the rest of the spectrum, estimated from the other Ritz values once they have
+    converged) for each wanted eigenvalue, or after ``max_iter`` products.
+
+    With ``warm_start``, the iteration starts from the eigenvectors of the previous tracked
+    step, which the core cache keeps until the next tracked step only.
+    """
+
+    name = "hess_max_ev"
+    Config = HessMaxEVConfig
+    REQUIREMENTS = Requirements(info={"loss"}, loss_graph=True)
+
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
+        """Return ``{"value", "eigenvalues", "hvps", "converged"}``.
+
+        ``value`` is the most wanted eigenvalue (a float), ``eigenvalues`` the ``k`` wanted
+        ones (most wanted first), ``hvps`` the Hessian-vector products this quantity used,
+        ``converged`` whether the tolerance was met within ``max_iter`` products.
+        """
+        cfg = self.config
+        params = ctx.params
+        dtype, device = params[0].dtype, params[0].device
+        gen = step_generator(cfg.seed, ctx.step)
+        dim = sum(p.numel() for p in params)
+
+        def matvec(vector: torch.Tensor) -> torch.Tensor:
+            hv = ctx.hvp(split_like(vector.to(dtype), params))
+            return flatten(hv).to(dtype)
+
+        start = self._warm_start(ctx, dim)
+        if start is None:
+            start = torch.randn(dim, generator=gen, dtype=torch.float64)
+        ctx.cache.pop(_CACHE_KEY)
+        result = lanczos(
+            matvec,
+            start.to(dtype=dtype, device=device),
+            k=cfg.k,
+            which=cfg.which,
+            tol=cfg.tol,
+            max_iter=cfg.max_iter,
+            basis_size=cfg.basis_size,
+            generator=gen,
+        )
+        if cfg.warm_start:
+            self._keep(ctx, result.eigenvectors.detach())
+        values = np.asarray(result.eigenvalues, dtype=np.float64)
+        return {
+            "value": float(values[0]),
+            "eigenvalues": values,
+            "hvps": int(result.matvecs),
+            "converged": bool(result.converged),
+        }
+
+    def _warm_start(self, ctx: StepContext, dim: int) -> torch.Tensor | None:
+        if not self.config.warm_start:
+            return None
+        vectors = ctx.cache.get(_CACHE_KEY)
+        if vectors is None or vectors.shape[-1] != dim:
+            return None
+        return vectors.sum(0)
+
+    def _keep(self, ctx: StepContext, vectors: torch.Tensor) -> None:
+        """Cache the eigenvectors until the next tracked step, if it comes soon enough."""
+        for step in range(ctx.step + 1, ctx.step + 1 + self.config.warm_start_max_gap):
+            if self.is_active(step):
+                ctx.cache.put(_CACHE_KEY, vectors, expires_after=step)
+                return

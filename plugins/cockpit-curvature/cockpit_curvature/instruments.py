@@ -1,0 +1,147 @@
+"""Dashboard panels of cockpit-curvature: Hessian max eigenvalue, Hessian trace, TIC.
+
+``hess_trace``, ``tic_diag`` and ``tic_trace`` return ``{"total": float, "per_param":
+array}``; ``hess_max_ev`` returns ``{"value": float, "eigenvalues": [k], "hvps": int,
+"converged": bool}`` (a plain number or a ``total`` entry are read too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cockpit_core.dashboard import Instrument, ema, param_names, per_param_series, series, values
+from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, SECONDARY, finish, line, positive
+
+
+def _log_if_wide(ax: Any, vals: np.ndarray) -> None:
+    v = np.asarray(vals, dtype=float)
+    v = v[np.isfinite(v)]
+    if positive(v) and v.max() / v.min() > 20:
+        ax.set_yscale("log")
+
+
+def _eigenvalue(value: Any) -> float:
+    if isinstance(value, Mapping):
+        for key in ("total", "value", "eigenvalue", "max_ev"):
+            if key in value:
+                return _eigenvalue(value[key])
+        return float("nan")
+    try:
+        return float(np.asarray(value, dtype=float).reshape(()))
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
+    """Largest Hessian eigenvalue over steps, further top-k eigenvalues thin, misses in red.
+
+    Steps where the Lanczos iteration stopped at ``max_iter`` before converging are circled
+    in red: their value is a lower bound (largest algebraic) rather than the eigenvalue.
+    """
+    entries = values(output, "hess_max_ev")
+    steps = np.asarray([s for s, _ in entries], dtype=float)
+    lam = np.asarray([_eigenvalue(v) for _, v in entries], dtype=float)
+    extra = [
+        np.atleast_1d(v.get("eigenvalues", [])) if isinstance(v, Mapping) else []
+        for _, v in entries
+    ]
+    k = max((len(e) for e in extra), default=0)
+    for j in range(1, k):
+        ys = [float(e[j]) if len(e) > j else np.nan for e in extra]
+        ax.plot(
+            steps,
+            ys,
+            color=SECONDARY,
+            lw=0.7,
+            alpha=0.6,
+            label="next eigenvalues" if j == 1 else None,
+        )
+    ax.plot(steps, lam, color=MUTED, lw=0.7, marker=".", ms=2, label=r"$\lambda_{max}$")
+    line(ax, steps, ema(lam), color=PRIMARY, label="moving average")
+    missed = [
+        i
+        for i, (_, v) in enumerate(entries)
+        if isinstance(v, Mapping) and v.get("converged") is False
+    ]
+    if missed:
+        ax.plot(steps[missed], lam[missed], "o", mfc="none", color=BAD, ms=5, label="not converged")
+    _log_if_wide(ax, lam)
+    finish(ax, ylabel=r"$\lambda_{max}(H)$", legend=True)
+
+
+def draw_trace(ax: Any, output: Any, header: Any) -> None:
+    """Hessian trace in total (bold) and per parameter (thin lines)."""
+    steps, total = series(output, "hess_trace")
+    s_per, per = per_param_series(output, "hess_trace")
+    if per.size:
+        from matplotlib import colormaps
+
+        cm = colormaps["viridis"]
+        names = param_names(header, per.shape[1])
+        for j in range(per.shape[1]):
+            label = names[j] if per.shape[1] <= 8 else None
+            ax.plot(
+                s_per,
+                per[:, j],
+                color=cm(0.9 * j / max(per.shape[1] - 1, 1)),
+                lw=0.8,
+                alpha=0.8,
+                label=label,
+            )
+    line(ax, steps, total, color=PRIMARY, lw=1.8, label="total")
+    all_vals = np.concatenate([total, per.ravel()]) if per.size else total
+    _log_if_wide(ax, all_vals)
+    finish(ax, ylabel="tr(H)")
+    ax.legend(fontsize=6, ncol=2, loc="best", framealpha=0.6)
+
+
+def draw_tic(ax: Any, output: Any, header: Any) -> None:
+    """TIC approximations over steps (diagonal and trace variant, whichever were tracked)."""
+    drawn = []
+    for name, label, color in (
+        ("tic_diag", "TIC (diagonal)", PRIMARY),
+        ("tic_trace", "TIC (trace)", SECONDARY),
+    ):
+        if any(name in v for v in output.values()):
+            steps, tic = series(output, name)
+            line(ax, steps, tic, color=color, label=label)
+            drawn.append(tic)
+    if drawn:
+        _log_if_wide(ax, np.concatenate(drawn))
+    finish(ax, ylabel="TIC", legend=True)
+
+
+INSTRUMENTS = [
+    Instrument(
+        name="hess_max_ev",
+        title="Hessian max eigenvalue",
+        topic="curvature",
+        quantities=("hess_max_ev",),
+        draw=draw_max_ev,
+        order=10,
+        description="Sharpness: the largest eigenvalue of the mini-batch Hessian.",
+    ),
+    Instrument(
+        name="hess_trace",
+        title="Hessian trace",
+        topic="curvature",
+        quantities=("hess_trace",),
+        draw=draw_trace,
+        order=20,
+        description="Trace of the Hessian, in total and per parameter.",
+    ),
+    Instrument(
+        name="tic",
+        title="TIC",
+        topic="curvature",
+        quantities=(),
+        optional=("tic_diag", "tic_trace"),
+        draw=draw_tic,
+        order=30,
+        description="Takeuchi information criterion (generalization-gap proxy).",
+    ),
+]
+"""The panels this plugin registers."""

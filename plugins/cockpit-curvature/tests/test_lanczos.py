@@ -1,0 +1,117 @@
+"""The thick-restart Lanczos solver against dense symmetric eigendecompositions (float64)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cockpit_curvature._lanczos import lanczos
+
+
+def _matrix(eigenvalues: np.ndarray, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.standard_normal((len(eigenvalues), len(eigenvalues))))
+    return torch.tensor(q @ np.diag(eigenvalues) @ q.T)
+
+
+def _wanted(eigenvalues: np.ndarray, k: int, which: str) -> np.ndarray:
+    key = eigenvalues if which == "largest_algebraic" else np.abs(eigenvalues)
+    return eigenvalues[np.argsort(-key)[:k]]
+
+
+SPECTRA = {
+    "separated": np.concatenate([np.linspace(-0.3, 0.3, 197), [0.6, 0.8, 1.0]]),
+    # negative eigenvalue of largest magnitude: largest_algebraic and _magnitude differ
+    "negative_dominant": np.concatenate([np.linspace(-0.2, 0.5, 198), [0.7, -1.0]]),
+    # many eigenvalues close to the top one: needs thick restarts with basis_size=10
+    "clustered": np.concatenate([np.linspace(0.0, 0.9, 190), 1.0 - 0.01 * np.arange(10)]),
+}
+
+
+@pytest.mark.parametrize("spectrum", SPECTRA, ids=str)
+@pytest.mark.parametrize("which", ["largest_algebraic", "largest_magnitude"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_wanted_eigenpairs_match_the_dense_solver(spectrum, which, k):
+    eigenvalues = SPECTRA[spectrum]
+    a = _matrix(eigenvalues)
+    start = torch.randn(len(eigenvalues), generator=torch.Generator().manual_seed(1))
+    res = lanczos(
+        lambda v: a @ v, start.double(), k=k, which=which, tol=1e-10, max_iter=400, basis_size=10
+    )
+    assert res.converged
+    # tol=1e-10 relative on the error bound; 1e-9 leaves room for the bound being an estimate
+    np.testing.assert_allclose(res.eigenvalues, _wanted(eigenvalues, k, which), rtol=1e-9)
+    residual = a @ res.eigenvectors.T - res.eigenvectors.T * torch.tensor(res.eigenvalues)
+    assert residual.norm(dim=0).max() < 1e-4  # eigenvector error ~ sqrt(eigenvalue error)
+    assert np.all(res.error_bounds <= 1e-10 * np.abs(res.eigenvalues))
+
+
+def test_the_error_bound_holds_when_the_tolerance_is_met():
+    eigenvalues = SPECTRA["separated"]
+    a = _matrix(eigenvalues, seed=3)
+    start = torch.randn(len(eigenvalues), generator=torch.Generator().manual_seed(2)).double()
+    for tol in (1e-2, 1e-4, 1e-6):
+        res = lanczos(lambda v: a @ v, start, tol=tol)
+        assert res.converged
+        assert abs(res.eigenvalues[0] - 1.0) <= tol
+
+
+def test_max_iter_stops_and_reports_no_convergence():
+    a = _matrix(SPECTRA["clustered"])
+    res = lanczos(lambda v: a @ v, torch.ones(200, dtype=torch.float64), tol=1e-12, max_iter=5)
+    assert res.matvecs == 5 and not res.converged
+    assert res.eigenvalues[0] <= 1.0 + 1e-12  # a Ritz value never exceeds the top eigenvalue
+
+
+def test_an_exact_eigenvector_converges_after_one_product():
+    a = _matrix(SPECTRA["separated"])
+    top = torch.linalg.eigh(a).eigenvectors[:, -1]
+    res = lanczos(lambda v: a @ v, top, tol=1e-8)
+    assert res.matvecs == 1 and res.converged
+    assert abs(res.eigenvalues[0] - 1.0) < 1e-12
+
+
+def test_low_rank_operator_continues_after_an_invariant_subspace():
+    # rank-2 operator: the Krylov space of a vector in its range is exhausted after 2 steps
+    u = torch.linalg.qr(torch.randn(50, 3, generator=torch.Generator().manual_seed(0)).double())[0]
+    a = u @ torch.diag(torch.tensor([2.0, -3.0, 0.0], dtype=torch.float64)) @ u.T
+    res = lanczos(
+        lambda v: a @ v,
+        u[:, 0] + u[:, 1],
+        k=2,
+        which="largest_magnitude",
+        tol=1e-10,
+        generator=torch.Generator().manual_seed(0),
+    )
+    np.testing.assert_allclose(res.eigenvalues, [-3.0, 2.0], atol=1e-10)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 4])
+def test_tiny_dimensions(dim):
+    eigenvalues = np.arange(1.0, dim + 1)
+    a = _matrix(eigenvalues)
+    res = lanczos(lambda v: a @ v, torch.ones(dim, dtype=torch.float64), k=3, tol=1e-12)
+    np.testing.assert_allclose(res.eigenvalues, eigenvalues[::-1][:3], rtol=1e-12)
+    assert res.matvecs <= dim
+
+
+def test_float32_operator_reaches_float32_accuracy():
+    eigenvalues = SPECTRA["separated"]
+    a = _matrix(eigenvalues).float()
+    start = torch.randn(200, generator=torch.Generator().manual_seed(0))
+    res = lanczos(lambda v: a @ v, start, tol=1e-5)
+    assert res.eigenvectors.dtype == torch.float32
+    assert abs(res.eigenvalues[0] - 1.0) < 1e-5
+
+
+def test_zero_start_vector_and_bad_which_are_rejected():
+    a = torch.eye(3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="must not be zero"):
+        lanczos(lambda v: a @ v, torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="which must be one of"):
+        lanczos(lambda v: a @ v, torch.ones(3, dtype=torch.float64), which="smallest")
+
+
+def test_non_finite_products_raise_a_clear_error():
+    with pytest.raises(FloatingPointError, match="not finite"):
+        lanczos(lambda v: v * float("nan"), torch.ones(3, dtype=torch.float64))
