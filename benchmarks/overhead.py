@@ -133,6 +133,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="continue an interrupted run: keep the runs in <name>.partial.json, run the rest",
     )
     p.add_argument(
+        "--redo-noisy",
+        action="store_true",
+        help="with --resume: run again the configurations whose runs were noisy",
+    )
+    p.add_argument(
         "--max-minutes",
         type=float,
         default=float("inf"),
@@ -375,6 +380,24 @@ def _was_run(entry: dict) -> bool:
     return bool(res.get("ok")) or not str(res.get("error", "")).startswith("not run")
 
 
+def _drop_noisy(sequence: list[dict], threshold: float) -> tuple[list[dict], list[dict]]:
+    """Split off configuration runs that were noisy (or whose preceding plain run was)."""
+    keep: list[dict] = []
+    moved: list[dict] = []
+    last_plain: dict[tuple, dict] = {}
+    for entry in sequence:
+        res = entry.get("result", {})
+        where = (entry["problem"], entry.get("session"))
+        if entry["kind"] == "plain":
+            last_plain[where] = res
+            keep.append(entry)
+            continue
+        before = last_plain.get(where, {})
+        noise = max(res.get("foreign_cores", 0.0), before.get("foreign_cores", 0.0))
+        (moved if _was_run(entry) and noise > threshold else keep).append(entry)
+    return keep, moved
+
+
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -440,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
         loaded = json.loads(partial.read_text())
         sequence, discarded = loaded["runs"], loaded["discarded_runs"]
         print(f"[overhead] resuming: {len(sequence)} runs loaded from {partial}", flush=True)
+    if args.redo_noisy:
+        sequence, moved = _drop_noisy(sequence, args.quiet_threshold)
+        discarded += moved
+        print(f"[overhead] rerunning {len(moved)} noisy configuration runs", flush=True)
     finished = {_unit_key(e) for e in sequence if e["kind"] != "plain" and _was_run(e)}
     done = 0
     for problem in args.problems:
