@@ -132,6 +132,14 @@ def render_markdown(meta: dict, targets: list[dict], results: dict) -> str:
         f"- wall time {meta['total_wall_s'] / 60:.1f} min; 1-min load average at the end "
         f"{meta['loadavg_end'][0]:.2f}",
     ]
+    if len(meta.get("sessions") or {}) > 1:
+        lines.append(
+            "- measured in several sessions (`--resume`): "
+            + "; ".join(
+                f"{k}: commit {v.get('git_commit')}, {v['wall_s'] / 60:.1f} min"
+                for k, v in sorted(meta["sessions"].items())
+            )
+        )
     if meta.get("failed_plugins"):
         lines.append(f"- plugins that failed to load: {meta['failed_plugins']}")
     lines += [
@@ -176,14 +184,7 @@ def render_markdown(meta: dict, targets: list[dict], results: dict) -> str:
             slot = configs[label]
             ours, ref = slot.get("ours", {}), slot.get("reference", {})
             o1, o16, r1, r16 = ours.get("1"), ours.get(str(n)), ref.get("1"), ref.get(str(n))
-            hvps = None
-            for entry in (o1, o16):
-                if entry and entry.get("ok") and entry.get("hvps_per_tracked_step"):
-                    hvps = entry["hvps_per_tracked_step"]
-                    out = entry.get("hess_max_ev_hvps_from_output")
-                    if out is not None and abs(out - hvps) > 1e-9:
-                        hvps = f"{hvps:.1f} (output: {out:.1f})"
-                    break
+            hvps = _hvps(o1, o16, r1, r16, n)
             notes = "; ".join(
                 f"{where}: {note}"
                 for where, note in (
@@ -204,7 +205,7 @@ def render_markdown(meta: dict, targets: list[dict], results: dict) -> str:
                         _fmt(_val(o1, "rss_ratio")),
                         _fmt(_val(o16, "time_ratio")),
                         _fmt(_val(o16, "rss_ratio")),
-                        _fmt(hvps, 1, ""),
+                        hvps,
                         _fmt(_val(r1, "time_ratio")),
                         _fmt(_val(o1, "vs_reference")),
                         _fmt(_val(r16, "time_ratio")),
@@ -220,3 +221,18 @@ def render_markdown(meta: dict, targets: list[dict], results: dict) -> str:
 
 def _val(entry: dict | None, key: str) -> Any:
     return entry.get(key) if entry and entry.get("ok") else None
+
+
+def _hvps(o1: dict | None, o16: dict | None, r1: dict | None, r16: dict | None, n: int) -> str:
+    """HVPs per tracked step: ours every step, every n-th, and the reference's."""
+    parts = []
+    for label, entry in (("", o1), (f"{n}th: ", o16), ("ref ", r1), (f"ref {n}th: ", r16)):
+        count = _val(entry, "hvps_per_tracked_step")
+        if not count:
+            continue
+        text = f"{label}{count:.1f}"
+        out = _val(entry, "hess_max_ev_hvps_from_output")
+        if out is not None and abs(out - count) > 1e-9:
+            text += f" (output: {out:.1f})"
+        parts.append(text)
+    return "; ".join(parts) or "-"
