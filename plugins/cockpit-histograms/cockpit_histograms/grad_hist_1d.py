@@ -69,7 +69,7 @@ class GradHist1d(Quantity):
     of the next tracked step. Unlike Cockpit, it only ignores non-finite values and adapts
     on the histogram's own schedule (Cockpit gives the adaptation its own schedule).
 
-    Reference: Dangel, Tatzel & Hennig, "Cockpit: A Practical Debugging Tool for the
+    Reference: Schneider, Dangel & Hennig, "Cockpit: A Practical Debugging Tool for the
     Training of Deep Neural Networks", NeurIPS 2021.
     """
 

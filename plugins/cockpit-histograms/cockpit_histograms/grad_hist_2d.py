@@ -80,7 +80,7 @@ class GradHist2d(Quantity):
     :class:`~cockpit_histograms.GradHist1d`: the maxima seen at a tracked step set the
     ranges of the next tracked step.
 
-    Reference: Dangel, Tatzel & Hennig, "Cockpit: A Practical Debugging Tool for the
+    Reference: Schneider, Dangel & Hennig, "Cockpit: A Practical Debugging Tool for the
     Training of Deep Neural Networks", NeurIPS 2021.
     """
 
