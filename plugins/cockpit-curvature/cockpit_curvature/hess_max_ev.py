@@ -36,13 +36,13 @@ class HessMaxEVConfig(QuantityConfig):
     basis_size: int = Field(
         20,
         ge=3,
-        description="Lanczos vectors kept before a thick restart (memory: that many copies "
-        "of the parameters).",
+        description="Lanczos vectors kept before a thick restart (memory: twice that many "
+        "copies of the parameters, the vectors and their Hessian-vector products).",
     )
     warm_start: bool = Field(
         True,
-        description="Start from the eigenvectors of the previous tracked step (kept in the "
-        "cache until then: k copies of the parameters).",
+        description="Start from the k + 1 leading Ritz vectors of the previous tracked step "
+        "(kept in the cache until then: k + 1 copies of the parameters).",
     )
     warm_start_max_gap: int = Field(
         1000,
@@ -68,12 +68,17 @@ class HessMaxEV(Quantity):
     restarts (Wu & Simon, 2000), using one Hessian-vector product ``H v`` per iteration
     (Pearlmutter, 1994, "Fast exact multiplication by the Hessian"). A Ritz pair
     ``(theta, x)`` has residual ``rho = ||H x - theta x||`` for free; the iteration stops
-    when the error bound ``min(rho, rho^2 / delta) <= tol * |theta|`` holds (``delta``: the
-    gap to the rest of the spectrum, estimated from the other Ritz values once they have
-    converged) for each wanted eigenvalue, or after ``max_iter`` products.
+    when the Kato-Temple error bound ``min(rho, rho^2 / delta) <= tol * |theta|`` holds
+    (``delta``: the gap to the rest of the spectrum) for each wanted eigenvalue, or after
+    ``max_iter`` products.
 
-    With ``warm_start``, the iteration starts from the eigenvectors of the previous tracked
-    step, which the core cache keeps until the next tracked step only.
+    Cold start: a random vector; ``delta`` is taken from the nearest other Ritz value once
+    that one has converged. Warm start (``warm_start``): a Rayleigh-Ritz step on the ``k + 1``
+    leading Ritz vectors of the previous tracked step (``k + 1`` products), then Lanczos
+    from there (an augmented Krylov space, Morgan, 1996). Because the block already holds an
+    approximation of the next eigenvector, ``delta`` is taken from the nearest other Ritz
+    value at once, which saves the products needed to resolve it. The core cache keeps the
+    vectors until the next tracked step only.
     """
 
     name = "hess_max_ev"
@@ -98,6 +103,11 @@ class HessMaxEV(Quantity):
             return flatten(hv).to(dtype)
 
         start = self._warm_start(ctx, dim)
+        # a warm block holds the previous k + 1 leading Ritz vectors, so the Ritz value next
+        # to the wanted ones approximates the spectral gap from the first products on
+        gap = (
+            "ritz" if start is not None and start.dim() == 2 and len(start) > cfg.k else "converged"
+        )
         if start is None:
             start = torch.randn(dim, generator=gen, dtype=torch.float64)
         ctx.cache.pop(_CACHE_KEY)
@@ -110,9 +120,13 @@ class HessMaxEV(Quantity):
             max_iter=cfg.max_iter,
             basis_size=cfg.basis_size,
             generator=gen,
+            gap=gap,
         )
         if cfg.warm_start:
-            self._keep(ctx, result.eigenvectors.detach())
+            vectors = result.eigenvectors
+            if result.next_vector is not None:
+                vectors = torch.cat([vectors, result.next_vector])
+            self._keep(ctx, vectors.detach())
         values = np.asarray(result.eigenvalues, dtype=np.float64)
         return {
             "value": float(values[0]),
@@ -127,7 +141,7 @@ class HessMaxEV(Quantity):
         vectors = ctx.cache.get(_CACHE_KEY)
         if vectors is None or vectors.shape[-1] != dim:
             return None
-        return vectors.sum(0)
+        return vectors
 
     def _keep(self, ctx: StepContext, vectors: torch.Tensor) -> None:
         """Cache the eigenvectors until the next tracked step, if it comes soon enough."""

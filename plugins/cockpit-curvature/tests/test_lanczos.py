@@ -115,3 +115,44 @@ def test_zero_start_vector_and_bad_which_are_rejected():
 def test_non_finite_products_raise_a_clear_error():
     with pytest.raises(FloatingPointError, match="not finite"):
         lanczos(lambda v: v * float("nan"), torch.ones(3, dtype=torch.float64))
+
+
+def test_a_block_of_exact_eigenvectors_converges_after_its_own_products():
+    a = _matrix(SPECTRA["separated"])
+    vectors = torch.linalg.eigh(a).eigenvectors
+    block = torch.stack([vectors[:, -1], vectors[:, -2]])
+    res = lanczos(lambda v: a @ v, block, tol=1e-8, gap="ritz")
+    assert res.matvecs == 2 and res.converged
+    assert abs(res.eigenvalues[0] - 1.0) < 1e-12
+    assert res.next_vector is not None and abs(float(res.next_vector[0] @ vectors[:, -2])) > 1 - 1e-10
+
+
+def test_warm_block_on_a_drifting_operator_is_accurate_and_cheaper_than_a_cold_start():
+    # a sequence of operators whose leading eigenvectors rotate a little from one to the
+    # next (like mini-batch Hessians): the warm block with gap="ritz" must still meet tol
+    rng = np.random.default_rng(3)
+    base = _matrix(SPECTRA["separated"]).numpy()
+    warm_start, warm, cold = None, [], []
+    for step in range(8):
+        noise = rng.standard_normal(base.shape)
+        a = torch.tensor(base + 0.01 * (noise + noise.T))
+        exact = float(torch.linalg.eigvalsh(a)[-1])
+        start = torch.randn(200, generator=torch.Generator().manual_seed(step), dtype=torch.float64)
+        res_cold = lanczos(lambda v: a @ v, start, tol=1e-4)
+        res = res_cold if warm_start is None else lanczos(lambda v: a @ v, warm_start, gap="ritz")
+        assert abs(res.eigenvalues[0] - exact) <= 1e-4 * abs(exact)
+        assert abs(res_cold.eigenvalues[0] - exact) <= 1e-4 * abs(exact)
+        if warm_start is not None:
+            warm.append(res.matvecs)
+            cold.append(res_cold.matvecs)
+        warm_start = torch.cat([res.eigenvectors, res.next_vector])
+    assert sum(warm) < sum(cold), (warm, cold)
+
+
+def test_dependent_start_vectors_are_skipped_and_unknown_gap_rejected():
+    a = _matrix(SPECTRA["separated"])
+    top = torch.linalg.eigh(a).eigenvectors[:, -1]
+    res = lanczos(lambda v: a @ v, torch.stack([top, 2 * top, torch.zeros(200).double()]), tol=1e-8)
+    assert res.matvecs == 1 and abs(res.eigenvalues[0] - 1.0) < 1e-12
+    with pytest.raises(ValueError, match="gap must be one of"):
+        lanczos(lambda v: a @ v, top, gap="guess")
