@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from cockpit_basic import Distance, GradNorm, Loss, Parameters, Time, UpdateSize
+
 from cockpit_core.testing import check_quantity, run_cockpit, tiny_cnn, tiny_mlp
 from cockpit_core.testing.reference import per_sample_gradients
 
