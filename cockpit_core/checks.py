@@ -19,11 +19,14 @@ def nonfinite_reason(
         and not torch.isfinite(loss.detach()).all()
     ):
         return f"the loss is {float(loss.detach())}"
-    grads = [p.grad for p in params]
-    finite = [bool(torch.isfinite(g).all()) if g is not None else True for g in grads]
-    if all(finite):
+    present = [(n, p.grad) for n, p in zip(names, params) if p.grad is not None]
+    if not present:
         return None
-    bad = [n for n, ok in zip(names, finite) if not ok]
+    # one flag per parameter, one device sync for all of them
+    flags = torch.stack([torch.isfinite(g).all() for _, g in present])
+    if bool(flags.all()):
+        return None
+    bad = [n for (n, _), ok in zip(present, flags.tolist()) if not ok]
     shown = ", ".join(f"'{n}'" for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
     return f"the gradients of {shown} contain NaN or inf"
 

@@ -26,7 +26,14 @@ from backpack.extensions import (
 from backpack.extensions.firstorder.base import FirstOrderModuleExtension
 from torch import Tensor
 
-from cockpit_core.backends.per_sample import FactoredLinearGrads, MaterializedGrads
+from cockpit_core.backends.conv_grads import (
+    ConvWeightFactors,
+    DiagGGNConv2dFast,
+    DiagHConv2dFast,
+    UnfoldConv2d,
+)
+from cockpit_core.backends.per_sample import ConvGrads, FactoredLinearGrads, MaterializedGrads
+from cockpit_core.projection import DeferredGrads
 from cockpit_core.requirements import MergedRequirements, Statistic
 
 # statistic kind -> BackPACK save field of the curvature extensions
@@ -60,6 +67,7 @@ class BackpackBackend:
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._batch_grad = BatchGrad()
         self._batch_grad.set_module_extension(torch.nn.Linear, _FactoredLinear(), overwrite=True)
+        self._batch_grad.set_module_extension(torch.nn.Conv2d, UnfoldConv2d(), overwrite=True)
 
     def extensions(self, merged: MergedRequirements) -> list:
         """The BackPACK extensions that produce ``merged.statistics``."""
@@ -71,10 +79,13 @@ class BackpackBackend:
         for stat in merged.statistics:
             if stat.kind == "diag_hessian":
                 exts.append(_guarded(DiagHessian, stat))
+                exts[-1].set_module_extension(torch.nn.Conv2d, DiagHConv2dFast(), overwrite=True)
             elif stat.kind == "diag_ggn_exact":
                 exts.append(_guarded(DiagGGNExact, stat))
             elif stat.kind == "diag_ggn_mc":
                 exts.append(_guarded(DiagGGNMC, stat, mc_samples=dict(stat.options)["mc_samples"]))
+            if stat.kind in ("diag_ggn_exact", "diag_ggn_mc"):
+                exts[-1].set_module_extension(torch.nn.Conv2d, DiagGGNConv2dFast(), overwrite=True)
         return exts
 
     def unsupported_modules(
@@ -278,7 +289,7 @@ def _guarded(cls: type, stat: Statistic, **kwargs: object) -> object:
 def _compute(
     stat: Statistic,
     p: torch.nn.Parameter,
-    per_sample: MaterializedGrads | FactoredLinearGrads | None,
+    per_sample: MaterializedGrads | FactoredLinearGrads | ConvGrads | None,
 ) -> Tensor | None:
     """One statistic of one parameter, or ``None`` if BackPACK provided nothing for it."""
     kind = stat.kind
@@ -294,6 +305,10 @@ def _compute(
         return per_sample.batch_dot()
     if kind == "grad_batch":
         return per_sample.materialize()
+    if kind == "batch_projection":  # projected on the final gradient after backward
+        return DeferredGrads(per_sample)
+    if stat.factored_fn is not None and per_sample.factored:
+        return stat.factored_fn(per_sample, p.detach())
     return stat.fn(per_sample.materialize(), p.detach())  # type: ignore[misc]
 
 
@@ -319,11 +334,13 @@ class _FactoredLinear(FirstOrderModuleExtension):
 
 
 def _per_sample_grads(
-    saved: Tensor | _LinearWeightFactors | None, batch_size: int
-) -> MaterializedGrads | FactoredLinearGrads | None:
+    saved: Tensor | _LinearWeightFactors | ConvWeightFactors | None, batch_size: int
+) -> MaterializedGrads | FactoredLinearGrads | ConvGrads | None:
     """Wrap BackPACK's ``grad_batch`` (scaled by ``1/B`` for a mean loss), undoing the scaling."""
     if saved is None:
         return None
+    if isinstance(saved, ConvWeightFactors):
+        return ConvGrads(saved.scaled(batch_size))
     if isinstance(saved, _LinearWeightFactors):
         a, d = saved.inputs, saved.grad_outputs * batch_size
         if a.dim() == 2:

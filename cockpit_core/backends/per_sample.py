@@ -9,17 +9,26 @@ computations"):
     ||g_n||^2 = ||d_n||^2 ||a_n||^2,   g_n . g_m = (d_n . d_m)(a_n . a_m),
     sum_n g_n * g_n = (d*d)^T (a*a).
 
+Projections on a few directions ``V_k`` (``[K, *shape]``) never need the per-sample tensor
+either: ``g_n . V = d_n^T V a_n`` for a linear layer, and for a convolution
+``g_n . V = sum D_n * conv(X_n, V)`` (one convolution with the directions as kernels).
+
 Every statistic is computed the same way whatever other statistics are requested, so a
-value does not depend on which quantities share the step.
+value does not depend on which quantities share the step. The factored classes
+(``factored = True``) are what ``per_sample_transform(..., factored_fn=...)`` receives.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import Tensor
 
 
 class MaterializedGrads:
     """Per-sample gradients held as a ``[B, *shape]`` tensor."""
+
+    factored = False
 
     def __init__(self, grads: Tensor):
         self.grads = grads
@@ -41,6 +50,14 @@ class MaterializedGrads:
         """The per-sample gradients, ``[B, *shape]``."""
         return self.grads
 
+    def mean(self) -> Tensor:
+        """``(1/B) sum_n g_n``, parameter shape."""
+        return self.grads.mean(0)
+
+    def dot(self, vectors: Tensor) -> Tensor:
+        """``g_n . V_k`` for ``vectors`` ``[K, *shape]``, shape ``[B, K]``."""
+        return self._flat @ vectors.reshape(vectors.shape[0], -1).to(self._flat.dtype).T
+
 
 class FactoredLinearGrads:
     """Per-sample gradients of a linear layer's weight, ``g_n = d_n a_n^T``.
@@ -50,6 +67,8 @@ class FactoredLinearGrads:
         grad_outputs: Gradients of the per-sample losses w.r.t. the outputs, ``[B, out]``.
 
     """
+
+    factored = True
 
     def __init__(self, inputs: Tensor, grad_outputs: Tensor):
         self.a = inputs
@@ -73,3 +92,62 @@ class FactoredLinearGrads:
         if self._materialized is None:
             self._materialized = self.d.unsqueeze(2) * self.a.unsqueeze(1)
         return self._materialized
+
+    def mean(self) -> Tensor:
+        """``(1/B) d^T a``, shape ``[out, in]``."""
+        return (self.d.T @ self.a) / self.d.shape[0]
+
+    def dot(self, vectors: Tensor) -> Tensor:
+        """``d_n^T V_k a_n`` for ``vectors`` ``[K, out, in]``: one ``[B, out] x [out, K in]`` product."""
+        k, n_out, n_in = vectors.shape[0], self.d.shape[1], self.a.shape[1]
+        v = vectors.reshape(k, n_out, n_in).to(self.d.dtype).permute(1, 0, 2).reshape(n_out, -1)
+        return ((self.d @ v).view(-1, k, n_in) * self.a[:, None, :].to(self.d.dtype)).sum(-1)
+
+
+class ConvGrads:
+    """Per-sample gradients of a Conv2d weight, ``g_n = D_n U_n^T``, formed only on demand.
+
+    Args:
+        factors: Holds the padded input and the output gradient of each sample's own loss
+            (:class:`~cockpit_core.backends.conv_grads.ConvWeightFactors`).
+
+    """
+
+    factored = True
+
+    def __init__(self, factors: Any):
+        self.factors = factors
+        self._grads: MaterializedGrads | None = None
+
+    def _materialized(self) -> MaterializedGrads:
+        if self._grads is None:
+            self._grads = MaterializedGrads(self.factors.materialize())
+        return self._grads
+
+    def batch_l2(self) -> Tensor:
+        """``||g_n||^2``, shape ``[B]``."""
+        return self._materialized().batch_l2()
+
+    def batch_dot(self) -> Tensor:
+        """``g_n . g_m``, shape ``[B, B]``."""
+        return self._materialized().batch_dot()
+
+    def sum_grad_squared(self) -> Tensor:
+        """``sum_n g_n * g_n``, parameter shape."""
+        return self._materialized().sum_grad_squared()
+
+    def materialize(self) -> Tensor:
+        """``[B, C_out, C_in, k_h, k_w]`` (formed once, on first use)."""
+        return self._materialized().grads
+
+    def mean(self) -> Tensor:
+        """``(1/B) sum_n g_n``, without the per-sample tensor unless it exists already."""
+        if self._grads is not None:
+            return self._grads.mean()
+        return self.factors.summed() / self.factors.grad_outputs.shape[0]
+
+    def dot(self, vectors: Tensor) -> Tensor:
+        """``g_n . V_k``, ``[B, K]``: from the per-sample tensor if formed, else by convolution."""
+        if self._grads is not None:
+            return self._grads.dot(vectors)
+        return self.factors.dot(vectors)

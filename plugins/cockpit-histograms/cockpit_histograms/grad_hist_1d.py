@@ -25,6 +25,7 @@ from cockpit_histograms._binning import (
     param_abs_max,
     stack_layers,
 )
+from cockpit_histograms._factored import hist1d_factored
 
 
 class GradHist1dConfig(QuantityConfig):
@@ -78,7 +79,6 @@ class GradHist1d(Quantity):
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
-        self._transform_error: Exception | None = None
         self._range: tuple[float, float] = tuple(self.config.range)  # type: ignore[assignment]
 
     @property
@@ -93,26 +93,32 @@ class GradHist1d(Quantity):
             key = f"grad_hist_1d(bins={bins},range=({lo!r},{hi!r}))"
         else:  # the range changes from step to step: this instance's own statistic
             key = f"grad_hist_1d[{self.key}](bins={bins},adaptive)"
-        return per_sample_transform(key, self._transform)
+        # counts add up across processes; the last entry (max |g|) is a maximum
+        return per_sample_transform(
+            key, self._transform, reduce="sum", max_last=1, factored_fn=self._factored
+        )
 
     def requirements(self) -> Requirements:
         """One per-sample transform whose key encodes the bins and the range."""
         return Requirements(statistics=(self._statistic(),))
 
+    # A failing transform never breaks backward(): the core records the error and
+    # ctx.stat then raises it in compute().
     def _transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
-        try:
-            lo, hi = self._range
-            return hist1d_layer(per_sample, lo, hi, self.config.bins)
-        except Exception as err:  # never break the user's backward pass
-            self._transform_error = err
-            return per_sample.new_empty(0)
+        lo, hi = self._range
+        return hist1d_layer(per_sample, lo, hi, self.config.bins)
+
+    def _factored(self, factors: Any, param: Tensor) -> Tensor:
+        lo, hi = self._range
+        if getattr(factors, "a", None) is None:  # not an outer product (e.g. a convolution)
+            return hist1d_layer(factors.materialize(), lo, hi, self.config.bins)
+        return hist1d_factored(factors.d, factors.a, lo, hi, self.config.bins)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""
         bins = self.config.bins
         layers = ctx.stat(self._statistic())
-        error, self._transform_error = self._transform_error, None
-        check_layers(layers, bins + EXTRA_1D, error, ctx.param_names)
+        check_layers(layers, bins + EXTRA_1D, ctx.param_names)
         rows = stack_layers(layers, bins + EXTRA_1D, maxima=1)
         table = rows.cpu().numpy()  # one device sync for all layers
         per_param = np.rint(table[:, :bins]).astype(np.int64)

@@ -89,7 +89,6 @@ class GradHist2d(Quantity):
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
-        self._transform_error: Exception | None = None
         self._range: tuple[Range, Range] = tuple(tuple(r) for r in self.config.range)  # type: ignore[assignment]
 
     @property
@@ -106,26 +105,24 @@ class GradHist2d(Quantity):
             )
         else:  # the ranges change from step to step: this instance's own statistic
             key = f"grad_hist_2d[{self.key}](bins=({xbins},{ybins}),adaptive)"
-        return per_sample_transform(key, self._transform)
+        # counts add up across processes; the last two entries (max |g|, |theta|) are maxima
+        return per_sample_transform(key, self._transform, reduce="sum", max_last=2)
 
     def requirements(self) -> Requirements:
         """One per-sample transform whose key encodes the bins and the ranges."""
         return Requirements(statistics=(self._statistic(),))
 
+    # A failing transform never breaks backward(): the core records the error and
+    # ctx.stat then raises it in compute().
     def _transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
-        try:
-            return hist2d_layer(per_sample, param, self._range, self.config.bins)
-        except Exception as err:  # never break the user's backward pass
-            self._transform_error = err
-            return per_sample.new_empty(0)
+        return hist2d_layer(per_sample, param, self._range, self.config.bins)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""
         xbins, ybins = self.config.bins
         size = xbins * ybins
         layers = ctx.stat(self._statistic())
-        error, self._transform_error = self._transform_error, None
-        check_layers(layers, size + EXTRA_2D, error, ctx.param_names)
+        check_layers(layers, size + EXTRA_2D, ctx.param_names)
         table = stack_layers(layers, size + EXTRA_2D, maxima=2)
         table = table.cpu().numpy()  # one device sync for all layers
         per_param = np.rint(table[:, :size]).astype(np.int64).reshape(-1, xbins, ybins)

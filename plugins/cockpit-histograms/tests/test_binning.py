@@ -59,8 +59,10 @@ def test_accelerator_path_equals_cpu_fast_path(kernel, monkeypatch):
         return binning.hist2d_layer(grads, theta, ((-1.0, 1.0), (-0.5, 2.0)), (4, 3))
 
     fast = run()
-    original = binning._scan
-    monkeypatch.setattr(binning, "_scan", lambda v: (False, original(v)[1]))
+    original = binning._scan_range
+    monkeypatch.setattr(
+        binning, "_scan_range", lambda v, lo, hi: (False, original(v, lo, hi)[1], False)
+    )
     torch.testing.assert_close(run(), fast, rtol=0, atol=0)
 
 

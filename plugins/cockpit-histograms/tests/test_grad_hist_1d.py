@@ -110,13 +110,16 @@ def test_equal_options_share_one_statistic(monkeypatch):
     import cockpit_histograms.grad_hist_1d as module
 
     calls = []
-    original = module.hist1d_layer
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+    def counting(original):
+        def kernel(*args, **kwargs):
+            calls.append(1)
+            return original(*args, **kwargs)
 
-    monkeypatch.setattr(module, "hist1d_layer", counting)
+        return kernel
+
+    monkeypatch.setattr(module, "hist1d_layer", counting(module.hist1d_layer))
+    monkeypatch.setattr(module, "hist1d_factored", counting(module.hist1d_factored))
     quantities = [GradHist1d(label="a"), GradHist1d(label="b"), GradHist1d(label="c", bins=10)]
     result = run_cockpit(tiny_mlp(), quantities, steps=2)
     n_params = len(list(result.model.parameters()))

@@ -1,0 +1,129 @@
+"""Counting float32 values into equal bins exactly as ``torch.histc``, about twice as fast.
+
+``torch.histc`` assigns a value ``x`` in ``[lo, hi]`` to the bin
+``trunc(fl(fl(fl(x - lo) * bins) / fl(hi - lo)))`` (float32 arithmetic, the last bin also
+holding ``hi``) and counts with a scalar loop (~5-7 ns per value on this CPU). The same
+index computed with vectorized element-wise operations and counted with
+``torch.bincount`` takes ~2.5-3 ns per value.
+
+Exactness is proved per ``(lo, hi, bins)``, not assumed: both assignments are monotone
+non-decreasing in ``x`` (compositions of monotone roundings), so they are equal
+everywhere on ``[lo, hi]`` if they agree on both sides of every jump of one of them. The
+jumps of the vectorized assignment are found by bisection over the float32 values, and
+``torch.histc`` is run on the points around them; if any count differs (e.g. a platform
+whose division rounds differently), ``torch.histc`` is used for that range.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch import Tensor
+
+PIECE = 1 << 18
+"""Values quantized per batch of element-wise operations: 1 MiB scratch buffers stay in
+the cache across the five passes (2.0 ns per value here vs 3.9 ns with 16 MiB ones)."""
+
+
+SMALL = 1 << 15
+"""Below this many values, one ``torch.histc`` call costs less than the six vectorized ones."""
+
+
+def _quantize(
+    v: Tensor,
+    lo32: float,
+    scale: float,
+    r32: float,
+    bins: int,
+    out: Tensor,
+    work: Tensor | None = None,
+) -> Tensor:
+    """Bin indices (int32) of float32 values ``v`` in ``[lo32, hi32]``, written to ``out``.
+
+    ``hi`` itself (and values rounding to it) get index ``bins``: :func:`_count` moves
+    them into the last bin, as ``torch.histc`` does, without another pass.
+    """
+    work = torch.sub(v, lo32) if work is None else torch.sub(v, lo32, out=work)
+    work.mul_(scale).div_(r32)
+    return out.copy_(work)  # truncation toward zero; values are >= 0
+
+
+def _count(index: Tensor, bins: int) -> Tensor:
+    """int64 counts of indices ``0..bins``, index ``bins`` counted in the last bin."""
+    counts = torch.bincount(index, minlength=bins + 1)
+    counts[bins - 1] += counts[bins]
+    return counts[:bins]
+
+
+def _to_key(x: Tensor) -> Tensor:
+    """Map float32 values to int64 keys with the same order."""
+    bits = x.view(torch.int32).to(torch.int64)
+    return torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
+
+
+def _from_key(key: Tensor) -> Tensor:
+    bits = torch.where(key >= 0, key, (-(key + 1)) | -0x80000000)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def exact_for(lo: float, hi: float, bins: int) -> bool:
+    """Whether the vectorized assignment equals ``torch.histc``'s on all of ``[lo, hi]``."""
+    lo32, hi32 = float(np.float32(lo)), float(np.float32(hi))
+    r32 = float(np.float32(hi32) - np.float32(lo32))
+    if not (lo32 < hi32 and np.isfinite(r32) and r32 > 0 and bins < (1 << 24)):
+        return False
+    ends = torch.tensor([lo32, hi32], dtype=torch.float32)
+    low_key, high_key = (int(k) for k in _to_key(ends))
+
+    def assign(x: Tensor) -> Tensor:
+        out = torch.empty(x.shape, dtype=torch.int32)
+        return _quantize(x, lo32, float(bins), r32, bins, out).clamp_(max=bins - 1)
+
+    # bisection, for every k = 1..bins-1, for the smallest float32 x with assign(x) >= k
+    k = torch.arange(1, bins, dtype=torch.int32)
+    left = torch.full(k.shape, low_key, dtype=torch.int64)
+    right = torch.full(k.shape, high_key, dtype=torch.int64)
+    while bool((left < right).any()):
+        mid = (left + right) // 2
+        above = assign(_from_key(mid)) >= k
+        right = torch.where(above, mid, right)
+        left = torch.where(above, left, mid + 1)
+    keys = torch.cat([left, left - 1, torch.tensor([low_key, high_key])])
+    keys = keys.clamp(low_key, high_key).unique()  # sorted
+    points = _from_key(keys)
+    index = _quantize(
+        points, lo32, float(bins), r32, bins, torch.empty(points.shape, dtype=torch.int32)
+    )
+    if bool((index > bins).any()):
+        return False
+    ours = _count(index, bins).to(torch.float64)
+    theirs = torch.histc(points, bins=bins, min=lo, max=hi).to(torch.float64)
+    # monotone assignments of sorted points with equal counts are equal point by point
+    return bool(torch.equal(ours, theirs))
+
+
+def bin_counts(v: Tensor, lo: float, hi: float, bins: int) -> Tensor:
+    """float64 counts of finite float32 values ``v`` already clamped into ``[lo, hi]``.
+
+    Equal to ``torch.histc(v, bins, lo, hi)``; uses the vectorized assignment on the CPU
+    when :func:`exact_for` proved it equal for this range.
+    """
+    if v.numel() < SMALL or v.device.type != "cpu" or v.dtype != torch.float32:
+        return torch.histc(v, bins=bins, min=lo, max=hi).to(torch.float64)
+    if not exact_for(lo, hi, bins):
+        return torch.histc(v, bins=bins, min=lo, max=hi).to(torch.float64)
+    lo32, hi32 = float(np.float32(lo)), float(np.float32(hi))
+    r32 = float(np.float32(hi32) - np.float32(lo32))
+    flat = v.reshape(-1)
+    counts = torch.zeros(bins, dtype=torch.int64)
+    size = min(PIECE, flat.numel())
+    index, work = torch.empty(size, dtype=torch.int32), torch.empty(size, dtype=torch.float32)
+    for start in range(0, flat.numel(), PIECE):
+        piece = flat[start : start + PIECE]
+        n = piece.numel()
+        idx = _quantize(piece, lo32, float(bins), r32, bins, index[:n], work[:n])
+        counts += _count(idx, bins)
+    return counts.to(torch.float64)
