@@ -29,6 +29,7 @@ from cockpit_core.registry import Registry, default_registry
 from cockpit_core.requirements import (
     BATCH_DOT,
     BATCH_L2,
+    BATCH_PROJECTION,
     DIAG_GGN_EXACT,
     DIAG_HESSIAN,
     GRAD_BATCH,
@@ -36,6 +37,7 @@ from cockpit_core.requirements import (
     Requirements,
     Statistic,
     diag_ggn_mc,
+    per_sample_projection,
     per_sample_transform,
 )
 from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
@@ -48,6 +50,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "BATCH_DOT",
     "BATCH_L2",
+    "BATCH_PROJECTION",
     "DIAG_GGN_EXACT",
     "DIAG_HESSIAN",
     "GRAD_BATCH",
@@ -81,6 +84,7 @@ __all__ = [
     "extend",
     "hookimpl",
     "load_config_file",
+    "per_sample_projection",
     "per_sample_transform",
     "read_log",
     "resolve_quantities",

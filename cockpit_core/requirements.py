@@ -24,6 +24,9 @@ from cockpit_core.errors import RequirementConflictError
 TransformFn = Callable[[Tensor, Tensor], Tensor]
 """``fn(per_sample_grads, param) -> Tensor`` with ``per_sample_grads`` of shape ``[B, *param.shape]``."""
 
+FactoredTransformFn = Callable[[Any, Tensor], Tensor]
+"""``fn(factors, param) -> Tensor`` for factored per-sample gradients (see ``factored_fn``)."""
+
 
 @dataclass(frozen=True)
 class Statistic:
@@ -37,6 +40,14 @@ class Statistic:
         key: Distinguishes statistics of the same kind (used by transforms).
         options: Hyperparameters as sorted ``(name, value)`` pairs.
         fn: The function of a ``transform`` statistic.
+        reduce: How a ``transform`` combines across processes (``torch.distributed``) and
+            micro-batches: ``"sum"``, ``"mean"`` (weighted by batch size), ``"gather"``
+            (concatenate along the first axis, which must be the sample axis) or ``None``
+            (cannot be combined: the statistic is reported missing under DDP).
+        max_last: With ``reduce="sum"``: the last ``max_last`` entries are maxima, combined
+            with ``max`` instead of ``+``.
+        factored_fn: Optional fast path of a ``transform`` for factored per-sample
+            gradients (see :func:`per_sample_transform`); ``fn`` must give the same value.
 
     """
 
@@ -44,6 +55,9 @@ class Statistic:
     key: str = ""
     options: tuple[tuple[str, Any], ...] = ()
     fn: TransformFn | None = field(default=None, compare=False, hash=False)
+    reduce: str | None = field(default=None, compare=False, hash=False)
+    max_last: int = field(default=0, compare=False, hash=False)
+    factored_fn: FactoredTransformFn | None = field(default=None, compare=False, hash=False)
 
     @property
     def identity(self) -> tuple[str, str]:
@@ -70,6 +84,10 @@ SUM_GRAD_SQUARED = Statistic("sum_grad_squared")
 BATCH_DOT = Statistic("batch_dot")
 #: The per-sample gradients themselves, shape ``[B, *param.shape]`` (memory-hungry).
 GRAD_BATCH = Statistic("grad_batch")
+#: Projections ``g_n . g`` of the per-sample gradients on the mini-batch gradient ``g``,
+#: shape ``[B]``. Computed after ``backward()`` returned, so under ``torch.distributed``
+#: ``g`` is the gradient of the global batch (unlike ``BATCH_DOT``, it can be aggregated).
+BATCH_PROJECTION = Statistic("batch_projection")
 #: Diagonal of the Hessian of the mini-batch loss, shape of the parameter.
 DIAG_HESSIAN = Statistic("diag_hessian")
 #: Diagonal of the generalized Gauss-Newton matrix of the mini-batch loss.
@@ -81,7 +99,14 @@ def diag_ggn_mc(mc_samples: int = 1) -> Statistic:
     return Statistic("diag_ggn_mc", options=(("mc_samples", int(mc_samples)),))
 
 
-def per_sample_transform(key: str, fn: TransformFn) -> Statistic:
+def per_sample_transform(
+    key: str,
+    fn: TransformFn,
+    reduce: str | None = None,
+    max_last: int = 0,
+    *,
+    factored_fn: FactoredTransformFn | None = None,
+) -> Statistic:
     """Any function of one parameter's per-sample gradients, computed once per step.
 
     Args:
@@ -90,13 +115,63 @@ def per_sample_transform(key: str, fn: TransformFn) -> Statistic:
             key share one result.
         fn: ``fn(per_sample_grads, param) -> Tensor`` with ``per_sample_grads`` of shape
             ``[B, *param.shape]``.
+        reduce: How results of several processes combine into the global batch's result:
+            ``"sum"`` (counts, sums over samples), ``"mean"`` (means over samples, weighted
+            by batch size), ``"gather"`` (one row per sample) or ``None`` (not combinable;
+            the statistic is then unavailable under ``torch.distributed``).
+        max_last: With ``reduce="sum"``, the number of trailing entries that are maxima.
+        factored_fn: Optional ``factored_fn(factors, param) -> Tensor``, called instead of
+            ``fn`` for a layer whose per-sample gradients a backend holds in factored form
+            (linear and Conv2d weights): ``factors`` has ``dot(V)`` (``g_n . V_k``,
+            ``[B, K]``), ``mean()``, ``materialize()`` and, for linear layers, the factors
+            ``a`` (``[B, in]``) and ``d`` (``[B, out]``) of ``g_n = d_n a_n^T``. It must
+            return what ``fn`` returns on ``factors.materialize()`` (up to rounding).
+            Backends without factors always call ``fn`` (see docs/writing_quantities.md).
 
     """
-    return Statistic("transform", key=key, fn=fn)
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"reduce must be one of {sorted(map(str, REDUCTIONS))}, got {reduce!r}.")
+    if max_last and reduce != "sum":
+        raise ValueError("max_last needs reduce='sum'.")
+    return Statistic(
+        "transform",
+        key=key,
+        fn=fn,
+        reduce=reduce,
+        max_last=int(max_last),
+        factored_fn=factored_fn,
+    )
+
+
+def per_sample_projection(key: str, directions: Callable[[Tensor, Tensor], Tensor]) -> Statistic:
+    """Projections ``g_n . V_k`` on directions that depend on the final mini-batch gradient.
+
+    Like :data:`BATCH_PROJECTION` (its special case ``V = g``), the projections are formed
+    after ``backward()`` returned, from per-sample gradients the backend keeps in compact
+    form, so ``g`` is the gradient of the global batch under ``torch.distributed`` and of
+    the whole batch under gradient accumulation. Each process projects its own samples on
+    the same directions, and the rows are concatenated: the result is exact across
+    processes, which a ``per_sample_transform`` projecting on the local gradient is not.
+
+    Args:
+        key: Unique name of the computation (see :func:`per_sample_transform`).
+        directions: ``directions(grad, param) -> Tensor`` of shape ``[K, *param.shape]``,
+            called once per parameter with its final mini-batch gradient. It must depend
+            only on values that are equal on every process (gradient, parameters,
+            optimizer state).
+
+    Returns:
+        A statistic whose value per parameter is ``[B, K]``.
+
+    """
+    return Statistic("batch_projection", key=key, fn=directions, reduce="gather")
+
+
+REDUCTIONS = frozenset({None, "sum", "mean", "gather"})
 
 
 PER_SAMPLE_KINDS = frozenset(
-    {"batch_l2", "sum_grad_squared", "batch_dot", "grad_batch", "transform"}
+    {"batch_l2", "sum_grad_squared", "batch_dot", "batch_projection", "grad_batch", "transform"}
 )
 CURVATURE_KINDS = frozenset({"diag_hessian", "diag_ggn_exact", "diag_ggn_mc"})
 KNOWN_KINDS = PER_SAMPLE_KINDS | CURVATURE_KINDS

@@ -20,6 +20,7 @@ from cockpit_core import (
     Statistic,
     StepContext,
     TwoStepQuantity,
+    per_sample_projection,
     per_sample_transform,
 )
 
@@ -80,8 +81,10 @@ class Alpha(TwoStepQuantity):
     ``d`` is not known yet, so each layer's per-sample gradients are projected onto three
     directions: the layer's gradient, its parameters and the update predicted from
     ``info["optimizer"]`` (SGD with momentum/weight decay/Nesterov, Adam, AdamW, RMSprop;
-    see :mod:`cockpit_alpha._directions`), kept from the previous tracked step. After the
-    step each layer's ``d`` is split into its least-squares fit ``d_fit`` in that span and
+    see :mod:`cockpit_alpha._directions`), kept from the previous tracked step. These
+    projections are formed after backpropagation, on directions from the final gradient,
+    so under ``torch.distributed`` they are those of the global batch (the end point's
+    direction ``d`` is equal on every process). After the step each layer's ``d`` is split into its least-squares fit ``d_fit`` in that span and
     a residual ``r``: ``g_n . d_fit`` follows exactly from the ``B x 3`` projections and
     ``Var_n(g_n . r)`` is approximated by ``sum_i r_i^2 Var_n([g_n]_i)`` (covariances
     ignored). With a correct prediction ``r`` is rounding noise and the value equals the
@@ -97,15 +100,22 @@ class Alpha(TwoStepQuantity):
         self._predictor: UpdatePredictor | None = None
         self._live: weakref.ref[_Start] | None = None
         self._used: set[str] = set()
+        self._directions: dict[tuple[int, tuple[int, ...]], Tensor] = {}
         self._transform_error: Exception | None = None
 
     # -- requirements ---------------------------------------------------------------------
 
     def _start_statistic(self) -> Statistic:
-        return per_sample_transform(f"alpha_start[{self.key}]", self._start_transform)
+        # projected after backward, on directions from the final gradient: exact under DDP
+        return per_sample_projection(f"alpha_start[{self.key}]", self._start_directions)
 
     def _end_statistic(self) -> Statistic:
-        return per_sample_transform(f"alpha_end[{self.key}]", self._end_transform)
+        return per_sample_transform(
+            f"alpha_end[{self.key}]",
+            self._end_transform,
+            reduce="gather",  # g_n . d, with the update d equal on every process
+            factored_fn=self._end_factored,
+        )
 
     def start_requirements(self) -> Requirements:
         """Sum of squared per-sample gradients, the start projections, the losses."""
@@ -117,45 +127,59 @@ class Alpha(TwoStepQuantity):
         """The end projections onto the update, the losses."""
         return Requirements(statistics=(self._end_statistic(),), info={"individual_losses"})
 
-    # -- per-sample transforms (run during backpropagation; they must never raise) --------
+    # -- projection directions (after backward) and transforms (must never raise) ---------
 
-    def _start_transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
-        try:
-            flat = per_sample.reshape(per_sample.shape[0], -1)
-            grad = flat.mean(0)
-            if self._predictor is None:
-                direction, how = generic_direction(grad), "generic"
-            else:
-                direction, how = self._predictor(param, grad.view(param.shape))
-            self._used.add(how)
-            direction = direction.reshape(-1).to(flat.dtype)
-            basis = torch.stack([grad, param.reshape(-1).to(flat.dtype), direction])
-            return torch.cat([(flat @ basis.T).reshape(-1), direction])
-        except Exception as err:  # reported by compute_start; training goes on
-            self._transform_error = err
-            return per_sample.new_empty(0)
+    # A factored layer (linear: g_n = d_n a_n^T, convolution: g_n = D_n U_n^T) is projected
+    # without forming the per-sample gradients (factors.dot).
+
+    def _start_directions(self, grad: Tensor, param: Tensor) -> Tensor:
+        """``[3, *shape]``: the gradient, the parameters and the predicted update.
+
+        The core calls it after backward with the final mini-batch gradient (of the global
+        batch under ``torch.distributed``) and projects the per-sample gradients on the
+        result; the predicted update is kept for :meth:`compute_start`. If it raises, the
+        core reports the statistic missing with the error, and training goes on.
+        """
+        if self._predictor is None:
+            direction, how = generic_direction(grad), "generic"
+        else:
+            direction, how = self._predictor(param, grad.view(param.shape))
+        self._used.add(how)
+        direction = direction.reshape(param.shape).to(grad.dtype)
+        self._directions[(param.data_ptr(), tuple(param.shape))] = direction
+        return torch.stack([grad, param.to(grad.dtype), direction])
 
     def _end_transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
         try:
-            state = self._live() if self._live is not None else None
-            if state is None:
-                raise RuntimeError("the start point's state is gone")
-            i = state.index[(param.data_ptr(), tuple(param.shape))]
-            update = (param - state.theta[i]).reshape(-1).to(per_sample.dtype)
+            update = self._update(param).to(per_sample.dtype)
             return per_sample.reshape(per_sample.shape[0], -1) @ update
         except Exception as err:  # reported by compute_end; training goes on
             self._transform_error = err
             return per_sample.new_empty(0)
 
+    def _end_factored(self, factors: Any, param: Tensor) -> Tensor:
+        try:
+            return factors.dot(self._update(param).reshape(1, *param.shape))[:, 0]
+        except Exception as err:  # reported by compute_end; training goes on
+            self._transform_error = err
+            return param.new_empty(0)
+
+    def _update(self, param: Tensor) -> Tensor:
+        """The flattened update of ``param`` since the start point."""
+        state = self._live() if self._live is not None else None
+        if state is None:
+            raise RuntimeError("the start point's state is gone")
+        i = state.index[(param.data_ptr(), tuple(param.shape))]
+        return (param - state.theta[i]).reshape(-1)
+
     # -- start and end --------------------------------------------------------------------
 
     def compute_start(self, ctx: StepContext) -> _Start:
         """Keep f, Var(l_n), theta, g, sum_n g_n^2, the predicted update and projections."""
-        layers = self._layers(ctx, self._start_statistic())
+        layers = self._layers(ctx, self._start_statistic())  # [B, 3] per parameter
+        directions, self._directions = self._directions, {}
         self._remember_optimizer(ctx)
-        batch = next(
-            ((t.numel() - p.numel()) // 3 for p, t in zip(ctx.params, layers) if t is not None), 0
-        )
+        batch = next((t.shape[0] for t in layers if t is not None), 0)
         f, var_f = _loss_statistics(ctx.info, batch)
         sum_sq = ctx.stat(SUM_GRAD_SQUARED)
         proj, direction = [], []
@@ -164,8 +188,8 @@ class Alpha(TwoStepQuantity):
                 proj.append(torch.zeros(batch, 3, dtype=torch.float64, device=p.device))
                 direction.append(torch.zeros_like(p))
             else:
-                proj.append(out[: 3 * batch].view(batch, 3))
-                direction.append(out[3 * batch :].view(p.shape))
+                proj.append(out)
+                direction.append(directions[(p.data_ptr(), tuple(p.shape))])
         used, self._used = self._used, set()
         state = _Start(
             step=ctx.step,
@@ -281,17 +305,20 @@ def _fit_in_span(basis: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         ``(coefficients for the unnormalized rows, residual d - coefficients @ basis)``.
 
     """
-    norms = basis.norm(dim=1)
+    # Gram matrix and projections of the unnormalized rows (two passes over the basis),
+    # normalized afterwards: no normalized copy of the basis is formed
+    raw = torch.cat([basis @ basis.T, (basis @ d)[:, None]], dim=1).cpu()
+    norms = raw[:, :3].diagonal().clamp(min=0.0).sqrt()
     scale = torch.where(norms > 0, 1.0 / norms, 0.0)
-    unit = basis * scale[:, None]
-    gram = (unit @ unit.T).cpu()
+    gram = raw[:, :3] * scale[:, None] * scale[None, :]
     evals, evecs = torch.linalg.eigh(gram)
     top = float(evals.max())
     if top <= 0.0:
         return torch.zeros(3, dtype=torch.float64), d
     inverse = torch.where(evals > 1e-12 * top, 1.0 / evals, 0.0)
-    c_unit = evecs @ (inverse * (evecs.T @ (unit @ d).cpu()))
-    return c_unit * scale.cpu(), d - c_unit.to(unit.device) @ unit
+    c_unit = evecs @ (inverse * (evecs.T @ (raw[:, 3] * scale)))
+    coeff = c_unit * scale
+    return coeff, d - coeff.to(basis.device, basis.dtype) @ basis
 
 
 def _loss_statistics(info: dict, batch: int) -> tuple[float, float]:

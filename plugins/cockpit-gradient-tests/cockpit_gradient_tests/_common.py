@@ -18,7 +18,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cockpit_core import BATCH_DOT, SUM_GRAD_SQUARED, MisuseError, Statistic, StepContext
+from cockpit_core import (
+    BATCH_L2,
+    BATCH_PROJECTION,
+    SUM_GRAD_SQUARED,
+    MisuseError,
+    Statistic,
+    StepContext,
+)
 
 
 def stat64(ctx: StepContext, statistic: Statistic) -> list[Tensor | None]:
@@ -60,22 +67,26 @@ def zeros_where_missing(
 
 
 def gram_reductions(ctx: StepContext, name: str) -> tuple[int, Tensor, Tensor, Tensor]:
-    """Per-parameter reductions of the Gram matrices ``G_p[n, m] = g_{n,p} . g_{m,p}`` (``BATCH_DOT``).
+    """Per-parameter projections on the mini-batch gradient (``BATCH_PROJECTION``, ``BATCH_L2``).
+
+    The projections ``g_{n,p} . g_p`` equal the row sums ``(1/B) sum_m G_p[n, m]`` of the
+    per-sample Gram matrices, but cost ``O(B D)`` instead of ``O(B^2 D)`` and, unlike the
+    Gram matrix, combine exactly across ``torch.distributed`` processes.
 
     Returns:
         ``(B, proj, sum_sq, grad_sq)``: ``proj[p, n] = g_{n,p} . g_p``, the projection of each
-        sample's gradient on the mini-batch gradient, from the row sums
-        ``(1/B) sum_m G_p[n, m]``; ``sum_sq[p] = sum_n ||g_{n,p}||^2 = trace(G_p)``;
+        sample's gradient on the mini-batch gradient; ``sum_sq[p] = sum_n ||g_{n,p}||^2``;
         ``grad_sq[p] = ||g_p||^2`` from ``p.grad``.
 
     """
-    gram = stat64(ctx, BATCH_DOT)
-    batch_size = samples_in(gram, ctx)
+    projections = stat64(ctx, BATCH_PROJECTION)
+    batch_size = samples_in(projections, ctx)
     require_samples(name, batch_size)
     grads = grads64(ctx)
-    gram_full = zeros_where_missing(gram, [torch.Size([batch_size] * 2)] * len(grads), grads[0])
-    proj = torch.stack([G.sum(1) for G in gram_full]) / batch_size
-    sum_sq = torch.stack([G.diagonal().sum() for G in gram_full])
+    shapes = [torch.Size([batch_size])] * len(grads)
+    proj = torch.stack(zeros_where_missing(projections, shapes, grads[0]))
+    norms = zeros_where_missing(stat64(ctx, BATCH_L2), shapes, grads[0])
+    sum_sq = torch.stack([v.sum() for v in norms])
     grad_sq = torch.stack([g.pow(2).sum() for g in grads])
     return batch_size, proj, sum_sq, grad_sq
 

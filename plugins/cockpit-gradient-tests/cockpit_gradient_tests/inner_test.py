@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core import BATCH_DOT, Quantity, Requirements, StepContext
+from cockpit_core import BATCH_L2, BATCH_PROJECTION, Quantity, Requirements, StepContext
 from cockpit_gradient_tests._common import gram_reductions, layered
 
 
@@ -19,8 +19,8 @@ class InnerTest(Quantity):
 
         theta_max = sqrt( sum_n (g_n . g - ||g||^2)^2 / (B (B - 1) ||g||^4) ).
 
-    The projections come from the row sums of the per-sample Gram matrix
-    (``BATCH_DOT``): ``g_n . g = (1/B) sum_m g_n . g_m``. A small value means that
+    The projections ``g_n . g`` come from ``BATCH_PROJECTION`` (computed after backward,
+    so they combine exactly across DDP processes). A small value means that
     ``-g`` is a descent direction with high probability; Bollapragada et al. use
     theta around 0.9.
 
@@ -29,7 +29,7 @@ class InnerTest(Quantity):
     """
 
     name = "inner_test"
-    REQUIREMENTS = Requirements(statistics=(BATCH_DOT,))
+    REQUIREMENTS = Requirements(statistics=(BATCH_PROJECTION, BATCH_L2))
 
     def compute(self, ctx: StepContext) -> dict:
         """Return ``{"total": float, "per_param": np.ndarray}`` of ``theta_max``."""

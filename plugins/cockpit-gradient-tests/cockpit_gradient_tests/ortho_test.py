@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core import BATCH_DOT, Quantity, Requirements, StepContext
+from cockpit_core import BATCH_L2, BATCH_PROJECTION, Quantity, Requirements, StepContext
 from cockpit_gradient_tests._common import gram_reductions, layered
 
 
@@ -19,8 +19,8 @@ class OrthoTest(Quantity):
 
         nu_max = sqrt( (sum_n ||g_n||^2 - sum_n (g_n . g)^2 / ||g||^2) / (B (B - 1) ||g||^2) ),
 
-    with ``||g_n||^2`` the diagonal and ``g_n . g = (1/B) sum_m g_n . g_m`` the row sums of
-    the per-sample Gram matrix (``BATCH_DOT``). A small value means the per-sample
+    with ``||g_n||^2`` from ``BATCH_L2`` and the projections ``g_n . g`` from
+    ``BATCH_PROJECTION`` (both combine exactly across DDP processes). A small value means the per-sample
     gradients agree on the direction of ``g``.
 
     Output: ``{"total": nu_max, "per_param": [nu_max of each parameter]}`` (the test
@@ -28,7 +28,7 @@ class OrthoTest(Quantity):
     """
 
     name = "ortho_test"
-    REQUIREMENTS = Requirements(statistics=(BATCH_DOT,))
+    REQUIREMENTS = Requirements(statistics=(BATCH_PROJECTION, BATCH_L2))
 
     def compute(self, ctx: StepContext) -> dict:
         """Return ``{"total": float, "per_param": np.ndarray}`` of ``nu_max``."""

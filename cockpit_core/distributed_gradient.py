@@ -1,0 +1,266 @@
+"""The global batch's gradient under ``torch.distributed``, and what is computed from it.
+
+Quantities describe the global batch (``N = sum_r B_r`` samples over the processes), so
+they need the gradient of the global mean loss ``g = sum_r (B_r / N) g_r``, with ``g_r``
+the gradient of process ``r``'s local mean loss:
+
+- **equal local batches**: DDP's all-reduce already left ``g`` (the plain average) in
+  ``p.grad``; a two-number checksum per process confirms that the gradients were in fact
+  synchronised (not under ``no_sync()``, model wrapped in DDP), else they are averaged here;
+- **unequal local batches**: DDP's average is not ``g``, so gradient hooks capture each
+  process's local gradient during ``backward()`` and the weighted sum is all-reduced.
+
+Once ``g`` is known, per-sample projections ``g_n . g`` (``BATCH_PROJECTION``, for the
+inner-product and orthogonality tests of Bollapragada, Byrd & Nocedal, 2018) are formed
+locally and concatenated across processes, and Hessian-vector products of the global
+loss are ``H v = sum_r (B_r / N) H_r v``. Everything travels in a float64
+:class:`ReduceBuffer` whose pieces are summed in one all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from cockpit_core.projection import Deferred, failed_directions, project
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Who takes part in a tracked step and with what weight.
+
+    Attributes:
+        group: The process group.
+        rank: This process's rank in ``group``.
+        world: Number of processes.
+        sizes: Every process's local batch size ``B_r`` (all 1 if unknown).
+        device: Where collective buffers live.
+        warn: Warns once per Cockpit.
+
+    """
+
+    group: Any
+    rank: int
+    world: int
+    sizes: tuple[int, ...]
+    device: torch.device
+    warn: Callable[[str], None]
+
+    @property
+    def weight(self) -> float:
+        """The share ``B_r / N`` of the global batch that this process holds."""
+        return self.sizes[self.rank] / sum(self.sizes)
+
+    @property
+    def equal(self) -> bool:
+        """Whether every local batch has the same size (DDP's average is then ``g``)."""
+        return len(set(self.sizes)) == 1
+
+
+class ReduceBuffer:
+    """Pieces of a float64 vector that is all-reduced (summed) at once."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.parts: list[Tensor] = []
+        self.size = 0
+
+    def add(self, value: Tensor) -> slice:
+        """Append ``value`` (summed over ranks)."""
+        flat = value.detach().reshape(-1).to(self.device, torch.float64)
+        self.parts.append(flat)
+        start, self.size = self.size, self.size + flat.numel()
+        return slice(start, self.size)
+
+    def add_rows(self, value: Tensor, lengths: Sequence[int], rank: int) -> slice:
+        """Concatenate every rank's ``value`` (``lengths[r]`` entries each) in rank order."""
+        total = int(sum(lengths))
+        offset = int(sum(lengths[:rank]))
+        region = torch.zeros(total, dtype=torch.float64, device=self.device)
+        region[offset : offset + value.numel()] = value.detach().reshape(-1).to(region)
+        return self.add(region)
+
+    def all_reduce(self, group: Any) -> Tensor:
+        """Sum the buffer over all ranks."""
+        if not self.parts:
+            return torch.zeros(0, dtype=torch.float64)
+        flat = torch.cat(self.parts)
+        self.parts = []
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        return flat
+
+
+class GlobalGradient:
+    """Obtains ``g`` of the global batch at the end of a tracked step.
+
+    Args:
+        params: The tracked parameters.
+        shares: The processes and their batch sizes.
+
+    With unequal local batches it registers gradient hooks at construction (before
+    ``backward()``); :meth:`close` removes them.
+
+    """
+
+    def __init__(self, params: Sequence[Tensor], shares: Shares):
+        self.params = list(params)
+        self.shares = shares
+        self._local: list[Tensor | None] = [None] * len(self.params)
+        self._handles = []
+        self._slots: list[slice] | None = None
+        self._check: slice | None = None
+        self._grads: list[Tensor] = []
+        if not shares.equal:  # DDP's average is not the global mean: keep the local gradient
+            for i, p in enumerate(self.params):
+                if p.requires_grad:
+                    self._handles.append(p.register_hook(self._capture(i)))
+
+    def _capture(self, i: int):
+        def hook(grad: Tensor) -> None:
+            g = grad.detach()
+            prev = self._local[i]
+            self._local[i] = g.clone() if prev is None else prev + g
+
+        return hook
+
+    def close(self) -> None:
+        """Remove the gradient hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def plan(self, buf: ReduceBuffer) -> None:
+        """Put the weighted local gradient (unequal batches) or a checksum into ``buf``."""
+        params, s = self.params, self.shares
+        if not s.equal:
+            self._grads = [
+                torch.zeros_like(p) if g is None else g for p, g in zip(params, self._local)
+            ]
+            self._local = [None] * len(params)
+            self._slots = [buf.add(g.reshape(-1) * s.weight) for g in self._grads]
+            return
+        self._grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params]
+        checksum = torch.zeros(2, dtype=torch.float64)
+        for g in self._grads:
+            checksum += torch.stack([g.double().sum(), g.double().abs().sum()]).cpu()
+        self._check = buf.add_rows(checksum, [2] * s.world, s.rank)
+
+    def read(self, reduced: Tensor) -> list[Tensor]:
+        """``g`` per parameter from the all-reduced buffer (averaging it here if needed)."""
+        grads, s = self._grads, self.shares
+        if self._slots is not None:
+            return [reduced[sl].to(g.dtype).reshape(g.shape) for g, sl in zip(grads, self._slots)]
+        sums = reduced[self._check].reshape(s.world, 2)
+        spread = (sums - sums[0]).abs().max()
+        if float(spread) <= 1e-9 * float(sums[0].abs().max()) + 1e-300:
+            return grads  # DDP averaged them: the global mean gradient
+        s.warn(
+            "the gradients differ between processes when the `with cp(step, ...)` block "
+            "ends, so they were not averaged (model not wrapped in DistributedDataParallel, "
+            "or backward() ran inside no_sync()). Cockpit averages them for its quantities; "
+            "the optimizer still sees the local gradients."
+        )
+        buf = ReduceBuffer(s.device)
+        slots = [buf.add(g.reshape(-1) * s.weight) for g in grads]
+        red = buf.all_reduce(s.group)
+        return [red[sl].to(g.dtype).reshape(g.shape) for g, sl in zip(grads, slots)]
+
+    def project(
+        self,
+        declared: list[Any],
+        values: dict[tuple[str, str], list[Any]],
+        grads: list[Tensor],
+        missing: dict[tuple[str, str], str],
+    ) -> dict[tuple[str, str], list[Tensor]]:
+        """Per-sample projections on directions from ``g``, for the global batch.
+
+        Each process projects its own samples (``[B_r]`` or ``[B_r, K]`` per parameter)
+        and the rows are concatenated in rank order, all statistics in one all-reduce.
+        Directions that fail on any process make the statistic missing everywhere (one
+        tiny all-gather of the direction counts, only for ``per_sample_projection``).
+        """
+        s = self.shares
+        local: dict[tuple[str, str], list[Tensor]] = {}
+        counts: list[int] = []
+        for stat in declared:
+            try:
+                local[stat.identity] = [
+                    self._project(stat, v, g, p)
+                    for v, g, p in zip(values[stat.identity], grads, self.params)
+                ]
+                if stat.fn is not None:
+                    rows = local[stat.identity]
+                    counts.append(int(rows[0].shape[1]) if rows else 0)
+            except Exception as err:
+                missing[stat.identity] = failed_directions(stat, err)
+                counts.append(-1)
+        custom = [stat for stat in declared if stat.fn is not None]
+        if custom:  # agree on which statistics every process could project
+            mine = torch.tensor(counts, dtype=torch.int64, device=s.device)
+            everyone = [torch.zeros_like(mine) for _ in range(s.world)]
+            dist.all_gather(everyone, mine, group=s.group)
+            table = torch.stack(everyone).cpu()
+            for j, stat in enumerate(custom):
+                column = table[:, j]
+                if int(column.min()) < 0 or int(column.max()) != int(column.min()):
+                    missing.setdefault(
+                        stat.identity,
+                        f"{stat.describe()}: its projection directions failed on some process.",
+                    )
+                    local.pop(stat.identity, None)
+        buf = ReduceBuffer(s.device)
+        slots = {}
+        for ident, rows in local.items():
+            slots[ident] = []
+            for row in rows:
+                k = int(row.numel()) // s.sizes[s.rank]
+                lengths = [n * k for n in s.sizes]
+                sl = buf.add_rows(row.reshape(-1), lengths, s.rank)
+                slots[ident].append((sl, row.dtype, tuple(row.shape[1:])))
+        red = buf.all_reduce(s.group)
+        return {
+            ident: [red[sl].to(dt).reshape(-1, *tail) for sl, dt, tail in per_param]
+            for ident, per_param in slots.items()
+        }
+
+    def _project(self, stat: Any, value: Any, grad: Tensor, param: Tensor) -> Tensor:
+        """The local projections of one parameter (zeros if it had no gradient here)."""
+        if isinstance(value, Deferred):
+            return project(stat, value, grad, param)
+        if value is not None:
+            return value
+        rows = self.shares.sizes[self.shares.rank]
+        if stat.fn is None:
+            return torch.zeros(rows, device=self.shares.device)
+        k = int(stat.fn(grad, param.detach()).shape[0])
+        return torch.zeros(rows, k, device=self.shares.device)
+
+
+class DistributedHVP:
+    """Hessian-vector products of the global mean loss: ``sum_r (B_r / N) H_r v``."""
+
+    def __init__(self, local: Any, shares: Shares):
+        self._local, self._shares = local, shares
+
+    @property
+    def count(self) -> int:
+        """Products computed at this step."""
+        return self._local.count
+
+    def __call__(self, vectors: Sequence[Tensor]) -> list[Tensor]:
+        """``H v`` of the global batch, one tensor per parameter (one all-reduce)."""
+        hv = self._local(vectors)
+        s = self._shares
+        buf = ReduceBuffer(s.device)
+        slots = [buf.add(h.reshape(-1) * s.weight) for h in hv]
+        red = buf.all_reduce(s.group)
+        return [red[sl].to(h.dtype).reshape(h.shape).to(h.device) for h, sl in zip(hv, slots)]
+
+    def release(self) -> None:
+        """Free the local gradient graph."""
+        self._local.release()

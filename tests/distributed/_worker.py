@@ -1,0 +1,85 @@
+"""One process of the DDP tests: trains a small CNN with a Cockpit and saves its output.
+
+Run as ``python _worker.py RANK WORLD PORT OUT_DIR``. It runs every configuration of
+``CONFIGS`` (dtype, local batch sizes) and writes ``OUT_DIR/rank{RANK}.pt``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _problem import QUANTITIES, STEPS, batch, make_model  # noqa: E402
+
+from cockpit_core import Cockpit, extend  # noqa: E402
+
+CONFIGS = [
+    ("float64", (32, 32)),
+    ("float64", (40, 24)),
+    ("float32", (32, 32)),
+    ("float32", (40, 24)),
+]
+
+
+def weighted_average_hook(weight: float):
+    """DDP communication hook: sum_r (B_r / N) grad_r, the gradient of the global mean loss."""
+
+    def hook(state, bucket):
+        t = bucket.buffer().mul_(weight)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])
+
+    return hook
+
+
+def run(rank: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> dict:
+    model = make_model(dtype)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    n = sum(sizes)
+    if len(set(sizes)) > 1:  # DDP averages local means; weight them so p.grad is global
+        ddp.register_comm_hook(None, weighted_average_hook(sizes[rank] / n))
+    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    cp = Cockpit(model.named_parameters(), QUANTITIES, on_error="raise")
+    lo = sum(sizes[:rank])
+    for step in range(STEPS):
+        x, y = batch(step, dtype)
+        x, y = x[lo : lo + sizes[rank]], y[lo : lo + sizes[rank]]
+        opt.zero_grad()
+        out = ddp(x)
+        loss = loss_fn(out, y)
+        losses = torch.nn.functional.cross_entropy(out, y, reduction="none").detach()
+        info = {"loss": loss, "individual_losses": losses, "batch_size": len(x), "optimizer": opt}
+        with cp(step, info=info):
+            loss.backward(retain_graph=cp.retain_graph(step))
+        opt.step()
+    return cp.get_output()
+
+
+def main() -> None:
+    rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        results = {}
+        for name, sizes in CONFIGS:
+            results[(name, sizes)] = run(rank, getattr(torch, name), sizes)
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
