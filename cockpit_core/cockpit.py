@@ -13,7 +13,9 @@ from typing import Any
 import torch
 
 from cockpit_core import checks
-from cockpit_core.backends.backpack import BackpackBackend
+from cockpit_core.backends.attention import MathAttentionHooks
+from cockpit_core.backends.func import AttachedModel
+from cockpit_core.backends.routing import StatisticsRouter
 from cockpit_core.cache import Cache
 from cockpit_core.config import (
     QuantitySpec,
@@ -23,6 +25,7 @@ from cockpit_core.config import (
 )
 from cockpit_core.context import StepContext, StepData
 from cockpit_core.coverage import CoverageReport, check_model
+from cockpit_core.distributed import Distributed, active_group, writes_here
 from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError
 from cockpit_core.log import LogWriter
 from cockpit_core.normalize import check_unique_keys, split_params, to_serializable
@@ -56,7 +59,17 @@ class Cockpit:
         live_plot: Path of a dashboard picture refreshed every ``live_every`` steps while
             training runs (see :class:`cockpit_core.dashboard.LivePlot`).
         live_every: Steps between refreshes of ``live_plot``.
+        backend: Source of per-sample statistics: ``"auto"`` (BackPACK where it supports
+            the module, ``torch.func`` elsewhere once :meth:`attach` was called),
+            ``"backpack"`` or ``"func"`` (every parameter; needs :meth:`attach`). See
+            ``docs/any_model.md``.
+        chunk_size: Samples per ``torch.func`` pass (bounds its memory; ``None``: the batch).
         keep_in_memory: Keep values for :meth:`get_output`; ``False`` only streams them.
+        distributed: ``"auto"``: under ``torch.distributed`` with several processes, every
+            quantity describes the global batch (see ``docs/distributed.md``); ``"off"``:
+            each process reports its own mini-batch.
+        write_on: ``"rank0"``: only process 0 writes the log, sinks and live plot;
+            ``"all"``: every process does (give each its own ``log`` path).
         registry: Plugins to resolve names with (default: every installed plugin).
 
     Example::
@@ -90,6 +103,10 @@ class Cockpit:
         sinks: Iterable[Any] = (),
         live_plot: str | Path | None = None,
         live_every: int = 50,
+        backend: str = "auto",
+        chunk_size: int | None = None,
+        distributed: str = "auto",
+        write_on: str = "rank0",
         _source: str | None = None,
     ):
         parse_settings(
@@ -100,6 +117,10 @@ class Cockpit:
                 "log": None if log is None else str(log),
                 "log_fsync_every": log_fsync_every,
                 "live_every": live_every,
+                "backend": backend,
+                "chunk_size": chunk_size,
+                "distributed": distributed,
+                "write_on": write_on,
             },
             _source,
         )
@@ -114,6 +135,10 @@ class Cockpit:
         self.skipped: list[Record] = []
         self._warned_kinds: set[str] = set()
         self.sinks: list[Sink] = []
+        group = active_group(distributed)
+        self._dist = Distributed(group) if group is not None else None
+        if not writes_here(write_on):  # another process writes
+            log, sinks, live_plot = None, (), None
         extra_sinks = [self.registry.make_sink(spec) for spec in sinks]  # fail before any I/O
         if live_plot is not None:
             from cockpit_core.dashboard import LivePlot
@@ -128,7 +153,8 @@ class Cockpit:
         if self._log is not None:
             self.sinks.append(self._log)
         self.sinks.extend(extra_sinks)
-        self._backend = BackpackBackend(self.params, self.param_names)
+        self._backend = StatisticsRouter(self.params, self.param_names, backend, chunk_size)
+        self._attention_hooks: MathAttentionHooks | None = None
         self._cache = Cache()
         self._output: dict[int, dict[str, Any]] = {}
         self._pending: dict[str, int] = {}  # two-step quantity key -> start step
@@ -173,6 +199,10 @@ class Cockpit:
             sinks=settings.sinks,
             live_plot=settings.live_plot,
             live_every=settings.live_every,
+            backend=settings.backend,
+            chunk_size=settings.chunk_size,
+            distributed=settings.distributed,
+            write_on=settings.write_on,
             registry=registry,
             _source=source,
         )
@@ -201,10 +231,15 @@ class Cockpit:
     # -- the training-loop API ------------------------------------------------------------
 
     def __call__(
-        self, step: int, info: Mapping[str, Any] | None = None
+        self, step: int, info: Mapping[str, Any] | None = None, *, accumulate: bool = False
     ) -> contextlib.AbstractContextManager:
-        """Context manager around ``loss.backward()`` for ``step``."""
-        return StepRun(self, step, dict(info or {}))
+        """Context manager around ``loss.backward()`` for ``step``.
+
+        With ``accumulate=True`` the step spans several micro-batches (gradient
+        accumulation): wrap each micro-batch's ``backward()`` in ``run.micro_batch(info)``
+        where ``run`` is what the ``with`` statement binds (``docs/distributed.md``).
+        """
+        return StepRun(self, step, dict(info or {}), accumulate=accumulate)
 
     def retain_graph(self, step: int) -> bool:
         """Whether ``backward`` must keep the graph at ``step`` (a quantity needs HVPs)."""
@@ -218,6 +253,52 @@ class Cockpit:
         prefer ``loss.backward(retain_graph=cp.retain_graph(step))``.
         """
         return self.retain_graph(step)
+
+    def attach(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[..., torch.Tensor],
+        *,
+        math_attention: bool = True,
+    ) -> Cockpit:
+        """Register the model and its per-sample loss: per-sample statistics for any model.
+
+        With them, per-sample statistics of parameters whose modules BackPACK does not
+        support (attention, LayerNorm, embeddings, custom modules; all parameters with
+        ``backend="func"``) are computed with ``torch.func`` after ``backward``. Pass the
+        batch at every step: ``info={"inputs": x, "targets": y, ...}``. See
+        ``docs/any_model.md``.
+
+        Args:
+            model: The module whose forward pass produced the loss; it must own every
+                tracked parameter.
+            loss_fn: ``loss_fn(outputs, targets)`` on a batch returning the per-sample losses
+                ``[B]`` (e.g. ``torch.nn.CrossEntropyLoss(reduction="none")``) or their mean
+                (a mean-reduced loss evaluated on one sample is that sample's loss). Without
+                ``info["targets"]`` it is called as ``loss_fn(outputs)``.
+            math_attention: While a tracked quantity needs Hessian-vector products, run
+                the model's ``scaled_dot_product_attention`` in the math kernel (fused
+                kernels have no double backward).
+
+        Returns:
+            The Cockpit itself.
+
+        """
+        self._backend.attach(AttachedModel.build(model, loss_fn, self.params, self.param_names))
+        if self._attention_hooks is not None:
+            self._attention_hooks.remove()
+            self._attention_hooks = None
+        uses_hvp = any(r.loss_graph for q in self.quantities for r in q.all_requirements())
+        self._backend.math_attention = math_attention
+        if math_attention and uses_hvp:
+            self._attention_hooks = MathAttentionHooks(model, lambda: not self._disabled_all_hvp())
+        return self
+
+    def _disabled_all_hvp(self) -> bool:
+        return all(
+            q.key in self._disabled or not any(r.loss_graph for r in q.all_requirements())
+            for q in self.quantities
+        )
 
     def check(self, model: torch.nn.Module) -> CoverageReport:
         """Report, per quantity, whether it can be computed for ``model``, how, and why not.

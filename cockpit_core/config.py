@@ -70,6 +70,29 @@ class CockpitSettings(BaseModel):
         None, description="Path of a dashboard picture refreshed while training runs."
     )
     live_every: int = Field(50, ge=1, description="Steps between refreshes of live_plot.")
+    backend: Literal["auto", "backpack", "func"] = Field(
+        "auto",
+        description="Source of per-sample statistics: 'auto' (BackPACK for the modules it "
+        "supports, torch.func for the others once cp.attach(model, loss_fn) was called), "
+        "'backpack' (BackPACK only) or 'func' (torch.func for every parameter; needs "
+        "cp.attach). See docs/any_model.md.",
+    )
+    chunk_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per torch.func pass (bounds its memory); null: the whole batch.",
+    )
+    distributed: Literal["auto", "off"] = Field(
+        "auto",
+        description="'auto': under torch.distributed with several processes, quantities "
+        "describe the global batch (statistics are combined across processes); 'off': each "
+        "process reports its own mini-batch.",
+    )
+    write_on: Literal["rank0", "all"] = Field(
+        "rank0",
+        description="Which processes write the log, sinks and live plot under "
+        "torch.distributed: 'rank0' (only process 0) or 'all'.",
+    )
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -60,13 +60,23 @@ class HessianVectorProducts:
         """Return ``H v`` (one tensor per parameter) for ``v`` given per parameter."""
         grads = self._gradient_graph()
         used = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
-        hv = torch.autograd.grad(
-            [grads[i] for i in used],
-            self._params,
-            grad_outputs=[vectors[i] for i in used],
-            retain_graph=True,
-            allow_unused=True,
-        )
+        try:
+            hv = torch.autograd.grad(
+                [grads[i] for i in used],
+                self._params,
+                grad_outputs=[vectors[i] for i in used],
+                retain_graph=True,
+                allow_unused=True,
+            )
+        except RuntimeError as err:  # e.g. fused attention kernels: no double backward
+            from cockpit_core.backends.attention import (
+                DOUBLE_BACKWARD_HINT,
+                is_missing_double_backward,
+            )
+
+            if not is_missing_double_backward(err):
+                raise
+            raise UnsupportedModelError(f"{err}. {DOUBLE_BACKWARD_HINT}") from None
         self.count += 1
         return [torch.zeros_like(p) if h is None else h.detach() for p, h in zip(self._params, hv)]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from cockpit_core.backends.backpack import BackpackBackend
+from cockpit_core.backends.routing import StatisticsRouter
 from cockpit_core.quantity import Quantity
 
 
@@ -19,6 +20,7 @@ class CoverageRow:
         available: Whether it can be computed for the model.
         how: Where its inputs come from (e.g. ``"BackPACK BatchGrad"``).
         why: Why it is unavailable, or a caveat; empty if there is nothing to say.
+        hint: What to do instead (another option, backend or quantity); may be empty.
 
     """
 
@@ -26,6 +28,7 @@ class CoverageRow:
     available: bool
     how: str
     why: str = ""
+    hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,10 @@ class CoverageReport:
         for r in self.rows:
             state = "ok" if r.available else "UNAVAILABLE"
             line = f"{r.quantity:<{width}}  {state:<11}  {r.how}"
-            lines.append(line + (f"\n{'':<{width}}  {'':<11}  {r.why}" if r.why else ""))
+            for extra in (r.why, f"hint: {r.hint}" if r.hint else ""):
+                if extra:
+                    line += f"\n{'':<{width}}  {'':<11}  {extra}"
+            lines.append(line)
         return "\n".join(lines)
 
 
@@ -53,6 +59,7 @@ _HOW = {
     "batch_l2": "BackPACK BatchGrad",
     "sum_grad_squared": "BackPACK BatchGrad",
     "batch_dot": "BackPACK BatchGrad",
+    "batch_projection": "BackPACK BatchGrad",
     "grad_batch": "BackPACK BatchGrad",
     "transform": "BackPACK BatchGrad",
     "diag_hessian": "BackPACK DiagHessian",
@@ -62,16 +69,29 @@ _HOW = {
 
 
 def check_model(
-    quantities: list[Quantity], model: torch.nn.Module, backend: BackpackBackend
+    quantities: list[Quantity],
+    model: torch.nn.Module,
+    backend: BackpackBackend | StatisticsRouter,
 ) -> CoverageReport:
-    """Decide for each quantity whether its statistics can be computed for ``model``."""
+    """Decide for each quantity whether its statistics can be computed for ``model``.
+
+    With a :class:`StatisticsRouter`, per-sample statistics count as available when the
+    ``torch.func`` path covers the modules BackPACK does not support (``cp.attach``).
+    """
     has_attention = any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules())
     rows = []
     for q in quantities:
         requirements = q.all_requirements()
         stats = {s.identity: s for r in requirements for s in r.statistics}.values()
-        hows, problems = [], []
+        hows, problems, hints = [], [], []
         for stat in stats:
+            if isinstance(backend, StatisticsRouter):
+                how, problem, hint = backend.coverage(model, stat)
+                hows.append(how)
+                if problem:
+                    problems.append(problem)
+                    hints.append(hint)
+                continue
             hows.append(_HOW[stat.kind])
             bad = backend.unsupported_modules(model, stat)
             if bad:
@@ -80,14 +100,22 @@ def check_model(
         caveat = ""
         if any(r.loss_graph for r in requirements):
             hows.append("autograd Hessian-vector products")
-            if has_attention:
+            if has_attention and not _math_attention(backend, model):
                 caveat = (
                     "nn.MultiheadAttention's fused CPU kernel has no double backward: run the "
                     "forward pass under torch.nn.attention.sdpa_kernel(SDPBackend.MATH)."
                 )
         how = ", ".join(dict.fromkeys(hows)) or "no statistics beyond p.grad"
         if problems:
-            rows.append(CoverageRow(q.key, False, how, "; ".join(problems)))
+            hint = " ".join(dict.fromkeys(h for h in hints if h))
+            rows.append(CoverageRow(q.key, False, how, "; ".join(problems), hint))
         else:
             rows.append(CoverageRow(q.key, True, how, caveat))
     return CoverageReport(tuple(rows))
+
+
+def _math_attention(backend: object, model: torch.nn.Module) -> bool:
+    """Whether cockpit runs ``model``'s attention in the math kernel (attached model)."""
+    attached = getattr(backend, "attached", None)
+    on = getattr(backend, "math_attention", False)
+    return bool(on) and attached is not None and attached.model is model

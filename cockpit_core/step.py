@@ -10,6 +10,7 @@ import numpy as np
 
 from cockpit_core.context import HessianVectorProducts, StepData
 from cockpit_core.errors import MisuseError
+from cockpit_core.projection import resolve_projections
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import Requirements
 
@@ -51,8 +52,9 @@ class StepRun:
     it runs the quantities (unless the block raised) and frees every per-step buffer.
     """
 
-    def __init__(self, cockpit: Cockpit, step: int, info: dict[str, Any]):
+    def __init__(self, cockpit: Cockpit, step: int, info: dict[str, Any], accumulate: bool = False):
         self.cp, self.step, self.info = cockpit, step, info
+        self.accumulate = accumulate  # several micro-batches: see cockpit_core.accumulation
         self._backend_ctx: contextlib.AbstractContextManager | None = None
         self.stats: dict = {}
         self.missing: dict = {}
@@ -71,23 +73,43 @@ class StepRun:
                 f"step {step} comes after step {cp._last_step}: steps must increase. Pass the "
                 "global iteration counter, not the epoch-local batch index."
             )
-        if not cp._info_checked:
+        if self.accumulate and not self.info.get("batch_size"):
+            raise MisuseError(
+                "cp(step, accumulate=True) needs info={'batch_size': B} with B the number of "
+                "samples of all micro-batches together (on this process)."
+            )
+        if not cp._info_checked and not self.accumulate:
             cp._check_info(self.info, cp.quantities)
             cp._info_checked = True
             cp._warn_misuse(self.info)
         self.tasks = cp._tasks(step)
-        cp._check_info(self.info, [t.quantity for t in self.tasks])
+        if not self.accumulate:  # micro-batches bring loss and individual_losses later
+            cp._check_info(self.info, [t.quantity for t in self.tasks])
         self.merged = cp._merged_for(self.tasks)
-        if self.merged.statistics:
+        self.batch_size = int(self.info.get("batch_size") or 0)
+        if self.merged.statistics and not self.accumulate:
             batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
-            self._backend_ctx = cp._backend.collect(self.merged, int(batch_size))
+            self._backend_ctx = cp._backend.collect(self.merged, int(batch_size), info=self.info)
             self.stats, self.missing = self._backend_ctx.__enter__()
+        self.sync = None
+        if cp._dist is not None:  # torch.distributed: learn every process's batch size
+            self.sync = cp._dist.begin(self.info, cp.params)
         cp._in_step = True
         if cp.debug:
             names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
             stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
             print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}")
         return self
+
+    def micro_batch(self, info: dict[str, Any] | None = None) -> contextlib.AbstractContextManager:
+        """Context around one micro-batch's ``backward()`` in a step with ``accumulate=True``.
+
+        ``info`` holds the micro-batch's ``loss`` (the scaled loss it backpropagates),
+        ``individual_losses`` and ``batch_size``; see :mod:`cockpit_core.accumulation`.
+        """
+        from cockpit_core.accumulation import micro_batch
+
+        return micro_batch(self, info)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         cp = self.cp
@@ -98,14 +120,28 @@ class StepRun:
         finally:
             self._backend_ctx = None
         if exc_type is not None:
+            if self.sync is not None:
+                self.sync.close()
             return False
         cp._last_step = self.step
+        if self.accumulate:
+            cp._check_info(self.info, [t.quantity for t in self.tasks])
         hvp = None
         if self.merged.loss_graph:
             hvp = HessianVectorProducts(self.info.get("loss"), cp.params)
+        grads = None
+        if self.sync is not None:  # combine the processes' statistics: the global batch
+            self.info, self.stats, self.missing, grads, hvp = self.sync.finish(
+                self.info, self.stats, self.missing, self.merged, hvp
+            )
+        elif any(kind == "batch_projection" for kind, _ in self.stats):
+            declared = self.merged.statistics
+            resolve_projections(self.stats, _grads(cp.params), cp.params, declared, self.missing)
         data = StepData(
             self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp
         )
+        if grads is not None:
+            data._grads = grads
         try:
             if self.tasks and not cp._skip_nonfinite(self.step, self.tasks, self.info):
                 cp._run_tasks(self.step, self.tasks, data)
@@ -115,3 +151,9 @@ class StepRun:
             self.info = {}
             cp._cache.evict(self.step)
         return False
+
+
+def _grads(params: list) -> list:
+    return [
+        p.grad.detach() if p.grad is not None else p.detach().new_zeros(p.shape) for p in params
+    ]

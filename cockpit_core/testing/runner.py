@@ -76,17 +76,22 @@ def run_cockpit(
     optimizer: str = "sgd",
     registry: Registry | None = None,
     info_extra: dict[str, Any] | None = None,
+    attach: bool = False,
     **cockpit_kwargs: Any,
 ) -> RunResult:
     """Train ``problem`` for ``steps`` steps with a Cockpit tracking ``quantities``.
 
     The ``info`` dict holds ``loss``, ``individual_losses``, ``batch_size`` and
     ``optimizer``. Each step's snapshot allows brute-force reference computations.
+    With ``attach=True`` the model and ``problem.individual_losses`` are attached
+    (``cp.attach``) and ``info`` also holds ``inputs`` and ``targets``.
     """
     model = problem.make_model()
     loss_fn = problem.loss_module()
     opt = OPTIMIZERS[optimizer](model.parameters())
     cp = Cockpit(model.named_parameters(), quantities, registry=registry, **cockpit_kwargs)
+    if attach:
+        cp.attach(model, problem.individual_losses)
     result = RunResult(cp, model, problem)
     for step in range(steps):
         x, y = problem.batch(step)
@@ -95,6 +100,8 @@ def run_cockpit(
         loss = loss_fn(outputs, y)
         losses = problem.individual_losses(outputs, y).detach()
         info = {"loss": loss, "individual_losses": losses, "batch_size": len(x), "optimizer": opt}
+        if attach:
+            info.update(inputs=x, targets=y)
         info.update(info_extra or {})
         before = [p.detach().clone() for p in model.parameters()]
         with cp(step, info=info):
