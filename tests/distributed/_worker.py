@@ -6,6 +6,7 @@ Run as ``python _worker.py RANK WORLD PORT OUT_DIR``. It runs every configuratio
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
 from pathlib import Path
@@ -62,6 +63,37 @@ def run(rank: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> dict:
     return cp.get_output()
 
 
+def run_accumulated(rank: int, dtype: torch.dtype, micro: int) -> dict:
+    """Local batch 32 as micro-batches of ``micro``; DDP syncs only on the last one."""
+    model = make_model(dtype)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    cp = Cockpit(model.named_parameters(), QUANTITIES, on_error="raise")
+    local = 32
+    for step in range(STEPS):
+        x, y = batch(step, dtype)
+        x, y = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
+        opt.zero_grad()
+        with cp(step, info={"batch_size": local, "optimizer": opt}, accumulate=True) as run:
+            for lo in range(0, local, micro):
+                xb, yb = x[lo : lo + micro], y[lo : lo + micro]
+                last = lo + micro >= local
+                with contextlib.nullcontext() if last else ddp.no_sync():
+                    out = ddp(xb)
+                    loss = loss_fn(out, yb) * (len(xb) / local)
+                    losses = torch.nn.functional.cross_entropy(out, yb, reduction="none")
+                    info = {
+                        "loss": loss,
+                        "individual_losses": losses.detach(),
+                        "batch_size": len(xb),
+                    }
+                    with run.micro_batch(info):
+                        loss.backward(retain_graph=cp.retain_graph(step))
+        opt.step()
+    return cp.get_output()
+
+
 def main() -> None:
     rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
@@ -76,6 +108,7 @@ def main() -> None:
         results = {}
         for name, sizes in CONFIGS:
             results[(name, sizes)] = run(rank, getattr(torch, name), sizes)
+        results[("float64", "accumulate 2x16")] = run_accumulated(rank, torch.float64, 16)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -125,3 +125,17 @@ def test_every_quantity_equals_one_process_on_the_global_batch(ddp_outputs, dtyp
         assert_same(
             outputs[(dtype, sizes)], expected, RTOL[dtype], f"rank{rank}", ATOL_SCALE[dtype]
         )
+
+
+def test_gradient_accumulation_with_no_sync_equals_one_process(ddp_outputs):
+    # each process: 32 samples as 2 micro-batches of 16, DDP's all-reduce only on the last
+    # (no_sync() on the first); the accumulated global batch is the same 64 samples
+    expected = single_process(torch.float64)
+    for rank, outputs in enumerate(ddp_outputs):
+        assert_same(
+            outputs[("float64", "accumulate 2x16")],
+            expected,
+            RTOL["float64"],
+            f"rank{rank}",
+            ATOL_SCALE["float64"],
+        )
