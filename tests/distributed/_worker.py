@@ -94,6 +94,22 @@ def run_accumulated(rank: int, dtype: torch.dtype, micro: int) -> dict:
     return cp.get_output()
 
 
+def write_logs(rank: int, out_dir: Path) -> None:
+    """One step with a log per policy: default (rank 0 writes) and write_on="all"."""
+    model = make_model(torch.float64)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    x, y = batch(0, torch.float64)
+    x, y = x[rank * 32 : (rank + 1) * 32], y[rank * 32 : (rank + 1) * 32]
+    for policy in ("rank0", "all"):
+        log = out_dir / f"{policy}-rank{rank}.jsonl"
+        cp = Cockpit(model.named_parameters(), ["loss"], log=log, write_on=policy)
+        loss = loss_fn(ddp(x), y)
+        with cp(0, info={"loss": loss, "batch_size": len(x)}):
+            loss.backward()
+        cp.close()
+
+
 def main() -> None:
     rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
@@ -109,6 +125,7 @@ def main() -> None:
         for name, sizes in CONFIGS:
             results[(name, sizes)] = run(rank, getattr(torch, name), sizes)
         results[("float64", "accumulate 2x16")] = run_accumulated(rank, torch.float64, 16)
+        write_logs(rank, Path(out_dir))
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -69,8 +69,13 @@ def launch(worker: str, world: int, out_dir: Path, *args: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ddp_outputs(tmp_path_factory) -> list[dict]:
-    return launch("_worker.py", 2, tmp_path_factory.mktemp("ddp"))
+def ddp_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ddp")
+
+
+@pytest.fixture(scope="module")
+def ddp_outputs(ddp_dir) -> list[dict]:
+    return launch("_worker.py", 2, ddp_dir)
 
 
 def single_process(dtype: torch.dtype) -> dict:
@@ -139,3 +144,13 @@ def test_gradient_accumulation_with_no_sync_equals_one_process(ddp_outputs):
             f"rank{rank}",
             ATOL_SCALE["float64"],
         )
+
+
+def test_only_rank_0_writes_the_log_unless_write_on_all(ddp_outputs, ddp_dir):
+    from cockpit_core import read_log
+
+    assert (ddp_dir / "rank0-rank0.jsonl").exists()
+    assert not (ddp_dir / "rank0-rank1.jsonl").exists()
+    logs = [read_log(ddp_dir / f"all-rank{r}.jsonl") for r in range(2)]
+    # every process logs the same global value of the loss
+    assert logs[0][0]["loss"] == pytest.approx(logs[1][0]["loss"], rel=1e-12)
