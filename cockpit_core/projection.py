@@ -45,12 +45,7 @@ class DeferredGrads:
 
     def project(self, grad: Tensor) -> Tensor:
         """``g_n . grad`` for every sample ``n``, shape ``[B]``."""
-        a, d = getattr(self.per_sample, "a", None), getattr(self.per_sample, "d", None)
-        if isinstance(a, Tensor) and isinstance(d, Tensor) and a.dim() == 2 and d.dim() == 2:
-            g = grad.reshape(d.shape[1], a.shape[1]).to(d.dtype)
-            return ((d @ g) * a).sum(1)
-        grads = self.per_sample.materialize()
-        return grads.reshape(grads.shape[0], -1) @ grad.reshape(-1).to(grads.dtype)
+        return self.project_on(grad.unsqueeze(0))[:, 0]
 
     def project_on(self, vectors: Tensor) -> Tensor:
         """``g_n . V_k`` for ``vectors`` ``[K, *shape]``, shape ``[B, K]``."""
