@@ -11,6 +11,7 @@ undoes the scaling, so statistics follow the convention of
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -45,6 +46,13 @@ _CURVATURE_FIELDS = {
 _SAVE_FIELDS = ("grad_batch", *_CURVATURE_FIELDS.values())
 
 
+HOOK_NOTE = (
+    "Full backward hook is firing when gradients are computed with respect to module outputs"
+)
+"""PyTorch's note for a full backward hook on a module whose inputs need no gradient (the
+first layer): harmless for BackPACK's hooks, and repeated at every Hessian-vector product."""
+
+
 def extend(module: torch.nn.Module) -> torch.nn.Module:
     """Prepare a model or loss module for per-sample statistics (BackPACK's ``extend``).
 
@@ -52,7 +60,11 @@ def extend(module: torch.nn.Module) -> torch.nn.Module:
 
         model = cockpit_core.extend(model)
         loss_fn = cockpit_core.extend(torch.nn.CrossEntropyLoss())
+
+    It also hides PyTorch's harmless "Full backward hook is firing ..." note that the
+    installed hooks cause (a warning filter for that one message).
     """
+    warnings.filterwarnings("ignore", message=HOOK_NOTE, category=UserWarning)
     return _backpack_extend(module)
 
 

@@ -347,3 +347,18 @@ def test_requirements_are_read_at_every_step():
 
     result = run_cockpit(tiny_mlp(), [Changing()], steps=3)
     assert [result.output[s]["changing"] for s in range(3)] == [1.0, 2.0, 3.0]
+
+
+def test_extend_hides_the_full_backward_hook_note_and_nothing_else():
+    problem = tiny_mlp()
+    model = problem.make_model()  # extended with cockpit_core.extend
+    cp = Cockpit(model.named_parameters(), ["hess_max_ev"], on_error="raise")
+    x, y = problem.batch(0)
+    with warnings.catch_warnings(record=True) as caught:
+        loss = problem.loss_module()(model(x), y)
+        with cp(0, info={"loss": loss, "batch_size": len(x)}):
+            loss.backward(retain_graph=cp.retain_graph(0))
+        warnings.warn("an unrelated user warning", UserWarning, stacklevel=1)
+    messages = [str(w.message) for w in caught]
+    assert not any("Full backward hook is firing" in m for m in messages), messages
+    assert "an unrelated user warning" in messages
