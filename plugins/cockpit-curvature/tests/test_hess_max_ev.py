@@ -40,14 +40,23 @@ def test_tight_tolerance_matches_the_explicit_hessian(problem):
 
 def test_defaults_are_accurate_to_1e_4_with_and_without_warm_start():
     problem = tiny_mlp(batch_size=16)
-    result = run_cockpit(problem, [HessMaxEV(), HessMaxEV(warm_start=False, label="cold")], steps=6)
+    quantities = [
+        HessMaxEV(),
+        HessMaxEV(warm_start=False, label="cold"),
+        HessMaxEV(k=3, label="top3"),
+    ]
+    result = run_cockpit(problem, quantities, steps=6)
     for step in range(6):
-        top = _spectrum(result, step)[-1]
+        ev = _spectrum(result, step)
+        top = ev[-1]
         for key in ("hess_max_ev", "cold"):
             out = result.output[step][key]
             assert abs(out["value"] - top) <= 1e-4 * abs(top), (step, key)
             assert set(out) == {"value", "eigenvalues", "hvps", "converged"}
             assert isinstance(out["hvps"], int) and 1 <= out["hvps"] <= 100
+        # top-3 with the warm block of 4 vectors: each value within tol of its eigenvalue
+        top3 = result.output[step]["top3"]["eigenvalues"]
+        np.testing.assert_array_less(np.abs(top3 - ev[::-1][:3]), 1e-4 * np.abs(ev[::-1][:3]))
 
 
 def test_largest_magnitude_finds_a_dominant_negative_eigenvalue():
