@@ -102,6 +102,7 @@ class StepData:
         statistics: dict[tuple[str, str], list[Tensor | None]],
         missing: dict[tuple[str, str], str],
         hvp: HessianVectorProducts | None,
+        grads: Sequence[Tensor] | None = None,
     ):
         self.step = step
         self.info = info
@@ -110,7 +111,8 @@ class StepData:
         self.statistics = statistics
         self.missing = missing
         self.hvp = hvp
-        self._grads: list[Tensor] | None = None
+        # given under torch.distributed (the global batch's gradient), else read lazily
+        self._grads: list[Tensor] | None = None if grads is None else list(grads)
 
     @property
     def grads(self) -> list[Tensor]:

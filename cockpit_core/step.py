@@ -134,14 +134,12 @@ class StepRun:
             self.info, self.stats, self.missing, grads, hvp = self.sync.finish(
                 self.info, self.stats, self.missing, self.merged, hvp
             )
-        elif any(kind == "batch_projection" for kind, _ in self.stats):
-            declared = self.merged.statistics
-            resolve_projections(self.stats, _grads(cp.params), cp.params, declared, self.missing)
         data = StepData(
-            self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp
+            self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp, grads
         )
-        if grads is not None:
-            data._grads = grads
+        if self.sync is None and any(kind == "batch_projection" for kind, _ in self.stats):
+            declared = self.merged.statistics
+            resolve_projections(self.stats, data.grads, cp.params, declared, self.missing)
         try:
             if self.tasks and not cp._skip_nonfinite(self.step, self.tasks, self.info):
                 cp._run_tasks(self.step, self.tasks, data)
@@ -151,9 +149,3 @@ class StepRun:
             self.info = {}
             cp._cache.evict(self.step)
         return False
-
-
-def _grads(params: list) -> list:
-    return [
-        p.grad.detach() if p.grad is not None else p.detach().new_zeros(p.shape) for p in params
-    ]

@@ -100,6 +100,10 @@ class BackpackBackend:
                 exts[-1].set_module_extension(torch.nn.Conv2d, DiagGGNConv2dFast(), overwrite=True)
         return exts
 
+    def per_sample_modules(self) -> set[type] | None:
+        """Module classes whose parameters get per-sample statistics (``None``: cannot tell)."""
+        return _supported_modules(self._batch_grad)
+
     def unsupported_modules(
         self, model: torch.nn.Module, statistic: Statistic
     ) -> list[tuple[str, str]]:

@@ -42,6 +42,15 @@ FUNC_KINDS = frozenset(
 _FULL_BATCH_KINDS = frozenset({"batch_dot", "batch_projection", "grad_batch", "transform"})
 
 
+def owning_modules(model: torch.nn.Module) -> dict[int, tuple[str, torch.nn.Module]]:
+    """``id(parameter) -> (module name, module)`` of the first module registering it."""
+    owners: dict[int, tuple[str, torch.nn.Module]] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), (name, module))
+    return owners
+
+
 @dataclass
 class AttachedModel:
     """The model and per-sample loss that :meth:`Cockpit.attach` registered.
@@ -79,10 +88,7 @@ class AttachedModel:
                 "targets), e.g. torch.nn.CrossEntropyLoss(reduction='none')."
             )
         names = {id(p): n for n, p in model.named_parameters()}
-        owners: dict[int, tuple[str, torch.nn.Module]] = {}
-        for mod_name, module in model.named_modules():
-            for p in module.parameters(recurse=False):
-                owners.setdefault(id(p), (mod_name, module))
+        owners = owning_modules(model)
         foreign = [n for n, p in zip(param_names, params) if id(p) not in names]
         if foreign:
             raise MisuseError(

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from cockpit_core.backends.backpack import BackpackBackend
-from cockpit_core.backends.func import AttachedModel, FuncBackend, batch_length
+from cockpit_core.backends.func import AttachedModel, FuncBackend, batch_length, owning_modules
 from cockpit_core.errors import MissingInfoError, MisuseError
 from cockpit_core.requirements import MergedRequirements, Statistic
 
@@ -36,14 +36,6 @@ HVP_HINT = (
 _SKIP_WARNING = "Extension saving to grad_batch does not have an extension for Module"
 
 Results = dict[tuple[str, str], list[Tensor | None]]
-
-
-def batchgrad_modules() -> set[type] | None:
-    """Module classes BackPACK's ``BatchGrad`` supports (``None`` if it cannot be told)."""
-    from backpack.extensions import BatchGrad
-
-    mapping = getattr(BatchGrad(), "_BackpropExtension__module_extensions", None)
-    return set(mapping) if isinstance(mapping, dict) else None
 
 
 def _label(name: str, module: torch.nn.Module) -> str:
@@ -105,7 +97,7 @@ class StatisticsRouter:
             return ["func"] * len(self.params)
         if self.mode == "backpack" or attached is None:
             return ["backpack"] * len(self.params)
-        supported = batchgrad_modules()
+        supported = self.backpack.per_sample_modules()
         routes = []
         for _, module in attached.owners:
             ok = supported is not None and type(module) in supported
@@ -266,13 +258,9 @@ class StatisticsRouter:
                 return how, "", ""
             mods = ", ".join(f"'{n}' ({c})" for n, c in bad)
             return how, f"{how} does not support {mods}", HVP_HINT
-        tracked = {id(p): i for i, p in enumerate(self.params)}
-        owners: dict[int, tuple[str, torch.nn.Module]] = {}
-        for name, module in model.named_modules():
-            for p in module.parameters(recurse=False):
-                if id(p) in tracked:
-                    owners.setdefault(tracked[id(p)], (name, module))
-        supported = batchgrad_modules() or set()
+        found = owning_modules(model)
+        owners = {i: found[id(p)] for i, p in enumerate(self.params) if id(p) in found}
+        supported = self.backpack.per_sample_modules() or set()
         unsupported = list(
             dict.fromkeys(_label(*o) for o in owners.values() if type(o[1]) not in supported)
         )
