@@ -158,10 +158,33 @@ def _build_reference(spec: dict, model, result: dict):
     return Cockpit(model.parameters(), quantities=qs), counter
 
 
+def tracked_step(cp, model, loss_fn, opt, batch, step: int, reference: bool = False) -> None:
+    """One training step inside ``with cp(step, info=...)``, as each library's docs show.
+
+    Ours keeps the loss graph with ``retain_graph``; Cockpit 1.0.2 (``reference``) asks for
+    ``create_graph``.
+    """
+    import torch  # imported in run() first, which measures the RSS after imports
+    import torch.nn.functional as F
+
+    x, y = batch
+    opt.zero_grad()
+    out = model(x)
+    loss = loss_fn(out, y)
+    with torch.no_grad():
+        losses = F.cross_entropy(out, y, reduction="none")
+    info = {"batch_size": len(x), "individual_losses": losses, "loss": loss, "optimizer": opt}
+    with cp(step, info=info):
+        if reference:
+            loss.backward(create_graph=cp.create_graph(step))
+        else:
+            loss.backward(retain_graph=cp.retain_graph(step))
+    opt.step()
+
+
 def run(spec: dict) -> dict:
     """Train ``warmup + steps`` steps as ``spec`` says; return timings, memory and counts."""
     import torch
-    import torch.nn.functional as F
 
     kind, device = spec["kind"], torch.device(spec["device"])
     torch.set_num_threads(int(spec["threads"]))
@@ -210,28 +233,10 @@ def run(spec: dict) -> dict:
         opt.step()
 
     def step_ours(step: int) -> None:
-        x, y = batches[step % N_BATCHES]
-        opt.zero_grad()
-        out = model(x)
-        loss = loss_fn(out, y)
-        with torch.no_grad():
-            losses = F.cross_entropy(out, y, reduction="none")
-        info = {"batch_size": len(x), "individual_losses": losses, "loss": loss, "optimizer": opt}
-        with cp(step, info=info):
-            loss.backward(retain_graph=cp.retain_graph(step))
-        opt.step()
+        tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step)
 
     def step_reference(step: int) -> None:
-        x, y = batches[step % N_BATCHES]
-        opt.zero_grad()
-        out = model(x)
-        loss = loss_fn(out, y)
-        with torch.no_grad():
-            losses = F.cross_entropy(out, y, reduction="none")
-        info = {"batch_size": len(x), "individual_losses": losses, "loss": loss, "optimizer": opt}
-        with cp(step, info=info):
-            loss.backward(create_graph=cp.create_graph(step))
-        opt.step()
+        tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step, reference=True)
 
     train_step = {"plain": step_plain, "ours": step_ours, "reference": step_reference}[kind]
     warmup, steps = int(spec["warmup"]), int(spec["steps"])

@@ -28,8 +28,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from overhead_child import BATCH_SIZE, LEARNING_RATE, N_BATCHES, make_model  # noqa: E402
+from overhead_child import (  # noqa: E402
+    BATCH_SIZE,
+    LEARNING_RATE,
+    N_BATCHES,
+    make_model,
+    tracked_step,
+)
 
 import cockpit_core  # noqa: E402
 
@@ -80,16 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         plain_opt.step()
 
     def ours_step(step: int) -> None:
-        x, y = batches[step % N_BATCHES]
-        opt.zero_grad()
-        out = model(x)
-        loss = loss_fn(out, y)
-        with torch.no_grad():
-            losses = F.cross_entropy(out, y, reduction="none")
-        info = {"batch_size": len(x), "individual_losses": losses, "loss": loss, "optimizer": opt}
-        with cp(step, info=info):
-            loss.backward(retain_graph=cp.retain_graph(step))
-        opt.step()
+        tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step)
 
     cpu: dict[str, list[float]] = {"plain": [], "tracked": []}
 
