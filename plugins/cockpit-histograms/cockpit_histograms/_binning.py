@@ -188,6 +188,7 @@ def hist2d_layer(
     theta = param.detach().reshape(n).to(torch.float32)
     theta_finite, theta_top = _scan(theta)
     iy = ((theta.clamp(ylo + wy / 2, yhi - wy / 2) - ylo) / wy).long().to(torch.float32)
+    iy_int = iy.to(torch.int32)
     size = xbins * ybins
     if not theta_finite:
         theta_ok = torch.isfinite(theta)
@@ -207,18 +208,21 @@ def hist2d_layer(
             ok = torch.isfinite(g)
         if not theta_finite:
             ok = theta_ok if ok is None else ok & theta_ok
-        # floor((v - low) / width) as Cockpit 1.0.2, then the row-major joint bin index,
-        # in place and in float32 (exact: indices < 2**22)
+        # floor((v - low) / width) as Cockpit 1.0.2 (v - low > 0 after the clamp, so the
+        # truncation is the floor), then the row-major joint bin index ix * ybins + iy
         idx = g.clamp_(low, high) if owned else g.clamp(low, high)
-        idx = idx.sub_(xlo).div_(wx).trunc_()
-        idx = torch.add(iy, idx, alpha=ybins, out=idx)  # ix * ybins + iy
-        if ok is not None:
-            idx = torch.where(ok, idx, float("nan"))  # histc ignores NaN
+        idx = idx.sub_(xlo).div_(wx)
+        if ok is None and idx.device.type == "cpu":
+            # the int32 conversion truncates (faster than trunc_); int32 bincount is ~5x
+            # faster than histc here
+            joint = torch.bincount(
+                torch.add(iy_int, idx.to(torch.int32), alpha=ybins).reshape(-1), minlength=size
+            )
+        else:  # in place and in float32 (exact: indices < 2**22)
+            idx = torch.add(iy, idx.trunc_(), alpha=ybins, out=idx)
+            if ok is not None:
+                idx = torch.where(ok, idx, float("nan"))  # histc ignores NaN
             # integer k sits in the middle of bin [k - 1/2, k + 1/2): rounding cannot move it
-            joint = torch.histc(idx, bins=size, min=-0.5, max=size - 0.5)
-        elif idx.device.type == "cpu":  # int32 bincount: ~5x faster than histc here
-            joint = torch.bincount(idx.reshape(-1).to(torch.int32), minlength=size)
-        else:
             joint = torch.histc(idx, bins=size, min=-0.5, max=size - 0.5)
         counts += joint.to(torch.float64)
     bad_params = torch.zeros(1, dtype=torch.float64, device=device)

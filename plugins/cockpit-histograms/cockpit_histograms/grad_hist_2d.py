@@ -25,6 +25,7 @@ from cockpit_histograms._binning import (
     hist2d_layer,
     stack_layers,
 )
+from cockpit_histograms._factored2d import hist2d_factored
 
 Range = tuple[float, float]
 
@@ -76,7 +77,10 @@ class GradHist2d(Quantity):
 
     Counts are computed per layer during backpropagation (quantize + ``bincount``, the
     parameter's bin index computed once and broadcast over the batch) and the layer's
-    per-sample gradients are freed right after. Range adaptation works as for
+    per-sample gradients are freed right after. For linear layers (BackPACK backend) the
+    per-sample gradients ``g_n = d_n a_n^T`` are not formed: products with a zero factor
+    are counted from the zero masks and the others formed in small blocks, with the same
+    counts. Range adaptation works as for
     :class:`~cockpit_histograms.GradHist1d`: the maxima seen at a tracked step set the
     ranges of the next tracked step.
 
@@ -106,7 +110,9 @@ class GradHist2d(Quantity):
         else:  # the ranges change from step to step: this instance's own statistic
             key = f"grad_hist_2d[{self.key}](bins=({xbins},{ybins}),adaptive)"
         # counts add up across processes; the last two entries (max |g|, |theta|) are maxima
-        return per_sample_transform(key, self._transform, reduce="sum", max_last=2)
+        return per_sample_transform(
+            key, self._transform, reduce="sum", max_last=2, factored_fn=self._factored
+        )
 
     def requirements(self) -> Requirements:
         """One per-sample transform whose key encodes the bins and the ranges."""
@@ -116,6 +122,11 @@ class GradHist2d(Quantity):
     # ctx.stat then raises it in compute().
     def _transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
         return hist2d_layer(per_sample, param, self._range, self.config.bins)
+
+    def _factored(self, factors: Any, param: Tensor) -> Tensor:
+        if getattr(factors, "a", None) is None:  # not an outer product (e.g. a convolution)
+            return hist2d_layer(factors.materialize(), param, self._range, self.config.bins)
+        return hist2d_factored(factors.d, factors.a, param, self._range, self.config.bins)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""
