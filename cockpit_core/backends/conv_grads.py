@@ -54,6 +54,8 @@ class UnfoldConv2d(BatchGradConv2d):
 class ConvWeightFactors:
     """Input ``X`` (padded as the convolution pads it) and output gradient ``D`` of a Conv2d.
 
+    ``D = scale * grad_outputs``; the product is formed a block of samples at a time.
+
     Args:
         module: The convolution (kernel size, dilation and stride are read).
         inputs: Its input ``[B, C_in, H, W]``.
@@ -64,41 +66,67 @@ class ConvWeightFactors:
     def __init__(self, module: torch.nn.Conv2d, inputs: Tensor, grad_outputs: Tensor):
         self.inputs = _padded(module, inputs)
         self.grad_outputs = grad_outputs
+        self.scale = 1.0
         self.kernel_size = tuple(module.kernel_size)
         self.dilation = tuple(module.dilation)
         self.stride = tuple(module.stride)
 
     def scaled(self, factor: float) -> ConvWeightFactors:
-        """The same factors with the output gradient multiplied by ``factor``."""
+        """The same factors with the output gradient multiplied by ``factor`` (no copy)."""
         out = object.__new__(ConvWeightFactors)
         out.__dict__.update(self.__dict__)
-        out.grad_outputs = self.grad_outputs * factor
+        out.scale = self.scale * factor
         return out
 
-    def materialize(self) -> Tensor:
-        """``g_n(W) = D_n U_n^T`` for every sample, ``[B, C_out, C_in, k_h, k_w]``.
+    def _d(self, start: int = 0, stop: int | None = None) -> Tensor:
+        """``D`` of samples ``start <= n < stop``."""
+        d = self.grad_outputs[start:stop]
+        return d if self.scale == 1.0 else d * self.scale
 
-        The patches ``U_n`` are a strided view of the padded input (``Tensor.unfold``),
-        contracted with ``D`` by one ``einsum``; ``F.unfold`` (im2col) gave the same values
-        but was up to 10x slower with two threads on a busy CPU.
+    def materialize(self, start: int = 0, stop: int | None = None) -> Tensor:
+        """``g_n(W) = D_n U_n^T`` for samples ``start <= n < stop`` (default: all).
+
+        Shape ``[stop - start, C_out, C_in, k_h, k_w]``. The patches ``U_n`` are a strided
+        view of the padded input (``Tensor.unfold``), contracted with ``D`` by one
+        ``einsum``; ``F.unfold`` (im2col) gave the same values but was up to 10x slower
+        with two threads on a busy CPU.
         """
-        return torch.einsum("nohw,nchwij->nocij", self.grad_outputs, self._patches())
+        d = self._d(start, stop)
+        return torch.einsum("nohw,nchwij->nocij", d, self._patches()[start:stop])
+
+    def sample_bytes(self) -> int:
+        """Bytes that :meth:`materialize` forms per sample: ``g_n`` and its patches ``U_n``.
+
+        ``(C_out + L) C_in k_h k_w`` elements, ``L = H' W'`` output positions (the einsum
+        copies the strided patches into a ``[L, C_in k_h k_w]`` matrix per sample).
+        """
+        d = self.grad_outputs
+        row = self.inputs.shape[1] * self.kernel_size[0] * self.kernel_size[1]
+        return (d.shape[1] + d.shape[2] * d.shape[3]) * row * d.element_size()
 
     def summed(self) -> Tensor:
         """``sum_n g_n(W)`` (one contraction, no per-sample tensor)."""
-        return torch.einsum("nohw,nchwij->ocij", self.grad_outputs, self._patches())
+        return torch.einsum("nohw,nchwij->ocij", self._d(), self._patches())
 
-    def dot(self, vectors: Tensor) -> Tensor:
+    def dot(self, vectors: Tensor, max_bytes: int = 1 << 22) -> Tensor:
         """``g_n . V_k = sum D_n * conv(X_n, V_k)`` for ``vectors`` ``[K, *weight.shape]``: ``[B, K]``.
 
-        One convolution with ``K C_out`` output channels instead of forming ``g_n``.
+        One convolution with ``K C_out`` output channels instead of forming ``g_n``, a
+        block of samples at a time so that its output (``K C_out L`` elements per sample)
+        stays within ``max_bytes``; then one ``[K, C_out L] x [C_out L]`` product per sample.
         """
         k, c_out = vectors.shape[0], vectors.shape[1]
         weight = vectors.reshape(k * c_out, *vectors.shape[2:]).to(self.inputs.dtype)
-        conv = F.conv2d(self.inputs, weight, None, self.stride, 0, self.dilation)
         d = self.grad_outputs
-        conv = conv[:, :, : d.shape[2], : d.shape[3]].reshape(d.shape[0], k, c_out, -1)
-        return (conv * d.reshape(d.shape[0], 1, c_out, -1)).sum((2, 3))
+        per_sample = k * d[0].numel() * d.element_size()
+        size = max(1, max_bytes // max(per_sample, 1))
+        out = []
+        for start in range(0, max(d.shape[0], 1), size):
+            x, d_block = self.inputs[start : start + size], self._d(start, start + size)
+            conv = F.conv2d(x, weight, None, self.stride, 0, self.dilation)
+            conv = conv[:, :, : d.shape[2], : d.shape[3]].reshape(x.shape[0], k, -1)
+            out.append(torch.bmm(conv, d_block.reshape(x.shape[0], -1, 1))[:, :, 0])
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def _patches(self) -> Tensor:
         patches = self.inputs
