@@ -6,7 +6,7 @@ quantities live in plugins found through the ``cockpit`` entry-point group.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from cockpit_core.backends.backpack import extend
+from cockpit_core.backends.hooks import extend
 from cockpit_core.cache import Cache
 from cockpit_core.cockpit import Cockpit
 from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities

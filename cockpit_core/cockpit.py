@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -23,16 +21,16 @@ from cockpit_core.config import (
     parse_settings,
     resolve_quantities,
 )
-from cockpit_core.context import StepContext, StepData
 from cockpit_core.coverage import CoverageReport, check_model
 from cockpit_core.distributed import Distributed, active_group, writes_here
+from cockpit_core.error_policy import ErrorPolicy
 from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError
 from cockpit_core.log import LogWriter
-from cockpit_core.normalize import check_unique_keys, split_params, to_serializable
+from cockpit_core.normalize import check_unique_keys, split_params
+from cockpit_core.planner import Planner
 from cockpit_core.quantity import Quantity
 from cockpit_core.registry import Registry, default_registry
-from cockpit_core.requirements import MergedRequirements, merge_requirements
-from cockpit_core.step import StepRun, Task
+from cockpit_core.step import StepRun
 
 Record = dict[str, Any]
 Sink = Callable[[Record], None]
@@ -131,9 +129,6 @@ class Cockpit:
         self.on_error = on_error
         self.debug = debug
         self.keep_in_memory = keep_in_memory
-        self.errors: list[Record] = []
-        self.skipped: list[Record] = []
-        self._warned_kinds: set[str] = set()
         self.sinks: list[Sink] = []
         group = active_group(distributed)
         self._dist = Distributed(group) if group is not None else None
@@ -157,10 +152,8 @@ class Cockpit:
         self._attention_hooks: MathAttentionHooks | None = None
         self._cache = Cache()
         self._output: dict[int, dict[str, Any]] = {}
-        self._pending: dict[str, int] = {}  # two-step quantity key -> start step
-        self._disabled: set[str] = set()
-        self._warned: set[tuple[str, str]] = set()
-        self._merged: dict[tuple, MergedRequirements] = {}
+        self._planner = Planner(self.quantities, self._backend)
+        self._policy = ErrorPolicy(on_error, self._emit, self._planner, self._cache)
         self._last_step: int | None = None
         self._in_step = False
         self._info_checked = False
@@ -243,7 +236,7 @@ class Cockpit:
 
     def retain_graph(self, step: int) -> bool:
         """Whether ``backward`` must keep the graph at ``step`` (a quantity needs HVPs)."""
-        return self._merged_for(self._tasks(step)).loss_graph
+        return self._planner.plan(step)[1].loss_graph
 
     def create_graph(self, step: int) -> bool:
         """Cockpit 1.0.2 spelling of :meth:`retain_graph`.
@@ -253,6 +246,17 @@ class Cockpit:
         prefer ``loss.backward(retain_graph=cp.retain_graph(step))``.
         """
         return self.retain_graph(step)
+
+    def prepare(self, step: int) -> None:
+        """Install BackPACK's hooks for the forward pass of ``step`` only if it needs them.
+
+        The hooks of modules extended with :func:`cockpit_core.extend` cost time on every
+        forward and backward pass, so after each step the Cockpit keeps them installed only
+        if the next step (the last step plus the last stride between steps) needs them.
+        Loops whose step numbers are evenly spaced never need to call this; call it before
+        the forward pass when the next step number cannot be predicted.
+        """
+        self._planner.prepare(step)
 
     def attach(
         self,
@@ -296,7 +300,7 @@ class Cockpit:
 
     def _disabled_all_hvp(self) -> bool:
         return all(
-            q.key in self._disabled or not any(r.loss_graph for r in q.all_requirements())
+            q.key in self._planner.disabled or not any(r.loss_graph for r in q.all_requirements())
             for q in self.quantities
         )
 
@@ -307,6 +311,16 @@ class Cockpit:
         not support for a statistic, so no step is wasted on quantities that cannot run.
         """
         return check_model(self.quantities, model, self._backend)
+
+    @property
+    def errors(self) -> list[Record]:
+        """Failures of quantities: step, quantity, phase, message, traceback summary."""
+        return self._policy.errors
+
+    @property
+    def skipped(self) -> list[Record]:
+        """Steps skipped because the loss or a gradient was not finite, and why."""
+        return self._policy.skipped
 
     def get_output(self) -> dict[int, dict[str, Any]]:
         """All values tracked so far as ``{step: {quantity_key: value}}``."""
@@ -329,6 +343,7 @@ class Cockpit:
 
     def close(self) -> None:
         """Flush and close the log and every sink that has a ``close()`` method."""
+        self._planner.close()
         for sink in list(self.sinks):
             close = getattr(sink, "close", None)
             if callable(close):
@@ -351,34 +366,6 @@ class Cockpit:
 
         return plot(self, path, **options)
 
-    # -- scheduling -----------------------------------------------------------------------
-
-    def _tasks(self, step: int) -> list[Task]:
-        tasks = []
-        for q in self.quantities:
-            if q.key in self._disabled:
-                continue
-            if q.two_step:
-                start = self._pending.get(q.key)
-                if start is not None and start < step:
-                    tasks.append(Task(q, "end", start))
-                if q.is_active(step):
-                    tasks.append(Task(q, "start", step))
-            elif q.is_active(step):
-                tasks.append(Task(q, "single", step))
-        return tasks
-
-    def _merged_for(self, tasks: list[Task]) -> MergedRequirements:
-        # Requirements are asked for at every step (they may change, e.g. an adapted
-        # histogram range); merging is cached per distinct combination.
-        requests = tuple((t.quantity.key, t.requirements) for t in tasks)
-        merged = self._merged.get(requests)
-        if merged is None:
-            if len(self._merged) >= 64:  # requirements that change every step: stay bounded
-                self._merged.clear()
-            merged = self._merged[requests] = merge_requirements(requests)
-        return merged
-
     # -- checks ---------------------------------------------------------------------------
 
     def _check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
@@ -399,42 +386,6 @@ class Cockpit:
 
     # -- running a step -------------------------------------------------------------------
 
-    def _run_tasks(self, step: int, tasks: list[Task], data: StepData) -> None:
-        values: dict[int, dict[str, Any]] = {}
-        for task in tasks:
-            q = task.quantity
-            if q.key in self._disabled:
-                continue
-            allowed = frozenset(s.identity for s in task.requirements.statistics)
-            ctx = StepContext(data, q.key, allowed, self._cache)
-            t0 = time.perf_counter()
-            try:
-                if task.phase == "single":
-                    value = q.compute(ctx)
-                elif task.phase == "start":
-                    self._cache.put(q.key, "__start_state__", q.compute_start(ctx))  # type: ignore[attr-defined]
-                    self._pending[q.key] = step
-                    value = None
-                else:
-                    state = self._cache.pop(q.key, "__start_state__")
-                    del self._pending[q.key]
-                    value = q.compute_end(ctx, state)  # type: ignore[attr-defined]
-            except Exception as err:
-                if task.phase == "end":
-                    self._pending.pop(q.key, None)
-                self._handle_error(q, step, task.phase, err)
-                continue
-            if self.debug:
-                print(
-                    f"[cockpit] step {step}: {q.key} ({task.phase}) {1e3 * (time.perf_counter() - t0):.2f} ms"
-                )
-            if value is not None:
-                values.setdefault(task.start_step, {})[q.key] = to_serializable(value)
-        for s, vals in sorted(values.items()):
-            if self.keep_in_memory:
-                self._output.setdefault(s, {}).update(vals)
-            self._emit({"kind": "values", "step": s, "values": vals})
-
     def _warn_misuse(self, info: Mapping[str, Any]) -> None:
         for message in (
             checks.optimizer_mismatch(info.get("optimizer"), self.params),
@@ -442,63 +393,6 @@ class Cockpit:
         ):
             if message:
                 warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=4)
-
-    def _skip_nonfinite(self, step: int, tasks: list[Task], info: Mapping[str, Any]) -> bool:
-        """Skip the step's quantities (recording why) if the loss or gradients are not finite."""
-        reason = checks.nonfinite_reason(info, self.params, self.param_names)
-        if reason is None:
-            return False
-        for task in tasks:
-            if task.phase == "end":  # the end point is not usable: drop the pending start
-                self._pending.pop(task.quantity.key, None)
-                self._cache.pop(task.quantity.key, "__start_state__")
-        record = {
-            "kind": "skipped",
-            "step": step,
-            "quantities": sorted({t.quantity.key for t in tasks}),
-            "reason": f"non-finite values: {reason}",
-        }
-        self.skipped.append(record)
-        self._emit(record)
-        if "nonfinite" not in self._warned_kinds:
-            self._warned_kinds.add("nonfinite")
-            warnings.warn(
-                f"cockpit: step {step} skipped because {reason}; training continues. Skipped "
-                "steps are in cp.skipped and the log. Lower the learning rate or check the "
-                "data if this repeats.",
-                CockpitWarning,
-                stacklevel=4,
-            )
-        return True
-
-    def _handle_error(self, q: Quantity, step: int, phase: str, err: Exception) -> None:
-        if self.on_error == "raise":
-            raise err
-        tb = traceback.extract_tb(err.__traceback__)[-3:]
-        record = {
-            "kind": "error",
-            "step": step,
-            "quantity": q.key,
-            "phase": phase,
-            "error": f"{type(err).__name__}: {err}",
-            "traceback": [f"{f.filename}:{f.lineno} in {f.name}" for f in tb],
-        }
-        self.errors.append(record)
-        self._emit(record)
-        action = "it keeps being tracked"
-        if self.on_error == "disable":
-            self._disabled.add(q.key)
-            self._cache.remove_owner(q.key)
-            self._pending.pop(q.key, None)
-            action = "it is disabled for the rest of the run"
-        if (q.key, type(err).__name__) not in self._warned:
-            self._warned.add((q.key, type(err).__name__))
-            warnings.warn(
-                f"cockpit: quantity '{q.key}' failed at step {step} ({type(err).__name__}: {err}); "
-                f"training continues and {action}. Errors are in cp.errors and the log.",
-                CockpitWarning,
-                stacklevel=4,
-            )
 
     def _emit(self, record: Record) -> None:
         for sink in list(self.sinks):

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cockpit_core.backends.backpack import extend
+from cockpit_core.backends.hooks import extend
 from cockpit_core.cockpit import Cockpit
 
 

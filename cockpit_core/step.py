@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cockpit_core.context import HessianVectorProducts, StepData
+from cockpit_core.context import HessianVectorProducts, StepContext, StepData
 from cockpit_core.errors import MisuseError
+from cockpit_core.normalize import to_serializable
 from cockpit_core.projection import resolve_projections
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import Requirements
 
 if TYPE_CHECKING:
     from cockpit_core.cockpit import Cockpit
+
+START_STATE = "__start_state__"
+"""Cache key of a two-step quantity's start state (kept until its end step)."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,11 @@ class StepRun:
             cp._check_info(self.info, cp.quantities)
             cp._info_checked = True
             cp._warn_misuse(self.info)
-        self.tasks = cp._tasks(step)
+        self.tasks, self.merged = cp._planner.plan(step)
         if not self.accumulate:  # micro-batches bring loss and individual_losses later
             cp._check_info(self.info, [t.quantity for t in self.tasks])
-        self.merged = cp._merged_for(self.tasks)
         self.batch_size = int(self.info.get("batch_size") or 0)
+        self.hooks_missed = cp._planner.hooks_missed(step, self.merged, self.accumulate)
         if self.merged.statistics and not self.accumulate:
             batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
             self._backend_ctx = cp._backend.collect(self.merged, int(batch_size), info=self.info)
@@ -119,9 +124,14 @@ class StepRun:
                 self._backend_ctx.__exit__(exc_type, exc, tb)
         finally:
             self._backend_ctx = None
+        if self.hooks_missed is not None:
+            for ident, reason in self.missing.items():
+                note = self.hooks_missed
+                self.missing[ident] = f"{note[0].upper()}{note[1:]} ({reason})"
         if exc_type is not None:
             if self.sync is not None:
                 self.sync.close()
+            cp._planner.after_step(self.step)
             return False
         cp._last_step = self.step
         if self.accumulate:
@@ -141,11 +151,52 @@ class StepRun:
             declared = self.merged.statistics
             resolve_projections(self.stats, data.grads, cp.params, declared, self.missing)
         try:
-            if self.tasks and not cp._skip_nonfinite(self.step, self.tasks, self.info):
-                cp._run_tasks(self.step, self.tasks, data)
+            if self.tasks and not cp._policy.skip_nonfinite(
+                self.step, self.tasks, self.info, cp.params, cp.param_names
+            ):
+                run_tasks(cp, self.step, self.tasks, data)
         finally:
             data.release()
             self.stats = {}
             self.info = {}
             cp._cache.evict(self.step)
+            cp._planner.after_step(self.step)  # hooks for the next forward pass, if it needs them
         return False
+
+
+def run_tasks(cp: Cockpit, step: int, tasks: list[Task], data: StepData) -> None:
+    """Run the step's quantity phases; record values, and failures by the error policy."""
+    planner = cp._planner
+    values: dict[int, dict[str, Any]] = {}
+    for task in tasks:
+        q = task.quantity
+        if q.key in planner.disabled:
+            continue
+        allowed = frozenset(s.identity for s in task.requirements.statistics)
+        ctx = StepContext(data, q.key, allowed, cp._cache)
+        t0 = time.perf_counter()
+        try:
+            if task.phase == "single":
+                value = q.compute(ctx)
+            elif task.phase == "start":
+                cp._cache.put(q.key, START_STATE, q.compute_start(ctx))  # type: ignore[attr-defined]
+                planner.pending[q.key] = step
+                value = None
+            else:
+                state = cp._cache.pop(q.key, START_STATE)
+                del planner.pending[q.key]
+                value = q.compute_end(ctx, state)  # type: ignore[attr-defined]
+        except Exception as err:
+            if task.phase == "end":
+                planner.pending.pop(q.key, None)
+            cp._policy.quantity_failed(q, step, task.phase, err)
+            continue
+        if cp.debug:
+            ms = 1e3 * (time.perf_counter() - t0)
+            print(f"[cockpit] step {step}: {q.key} ({task.phase}) {ms:.2f} ms")
+        if value is not None:
+            values.setdefault(task.start_step, {})[q.key] = to_serializable(value)
+    for s, vals in sorted(values.items()):
+        if cp.keep_in_memory:
+            cp._output.setdefault(s, {}).update(vals)
+        cp._emit({"kind": "values", "step": s, "values": vals})

@@ -11,13 +11,11 @@ undoes the scaling, so statistics follow the convention of
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from backpack import backpack
-from backpack import extend as _backpack_extend
 from backpack.extensions import (
     BatchGrad,
     DiagGGNExact,
@@ -27,6 +25,7 @@ from backpack.extensions import (
 from backpack.extensions.firstorder.base import FirstOrderModuleExtension
 from torch import Tensor
 
+from cockpit_core.backends.conv_blocks import blocked_statistics
 from cockpit_core.backends.conv_grads import (
     ConvWeightFactors,
     DiagGGNConv2dFast,
@@ -44,28 +43,6 @@ _CURVATURE_FIELDS = {
     "diag_ggn_mc": "diag_ggn_mc",
 }
 _SAVE_FIELDS = ("grad_batch", *_CURVATURE_FIELDS.values())
-
-
-HOOK_NOTE = (
-    "Full backward hook is firing when gradients are computed with respect to module outputs"
-)
-"""PyTorch's note for a full backward hook on a module whose inputs need no gradient (the
-first layer): harmless for BackPACK's hooks, and repeated at every Hessian-vector product."""
-
-
-def extend(module: torch.nn.Module) -> torch.nn.Module:
-    """Prepare a model or loss module for per-sample statistics (BackPACK's ``extend``).
-
-    Call it on the model and on the loss function before training::
-
-        model = cockpit_core.extend(model)
-        loss_fn = cockpit_core.extend(torch.nn.CrossEntropyLoss())
-
-    It also hides PyTorch's harmless "Full backward hook is firing ..." note that the
-    installed hooks cause (a warning filter for that one message).
-    """
-    warnings.filterwarnings("ignore", message=HOOK_NOTE, category=UserWarning)
-    return _backpack_extend(module)
 
 
 class BackpackBackend:
@@ -184,12 +161,16 @@ class BackpackBackend:
         batch_size: int,
     ) -> None:
         per_sample = _per_sample_grads(getattr(p, "grad_batch", None), batch_size)
+        blocked = blocked_statistics(stats, p, per_sample, failures)
         for stat in stats:
-            try:
-                value = _compute(stat, p, per_sample)
-            except Exception as err:  # a failing transform must not break backward()
-                failures.setdefault(stat.identity, f"{type(err).__name__}: {err}")
-                continue
+            if stat.identity in blocked:
+                value = blocked[stat.identity]
+            else:
+                try:
+                    value = _compute(stat, p, per_sample)
+                except Exception as err:  # a failing transform must not break backward()
+                    failures.setdefault(stat.identity, f"{type(err).__name__}: {err}")
+                    continue
             if value is not None:
                 results[stat.identity][i] = value.detach()
 

@@ -106,6 +106,12 @@ class StatisticsRouter:
             routes.append("backpack" if ok else "func")
         return routes
 
+    def needs_hooks(self, merged: MergedRequirements) -> bool:
+        """Whether BackPACK's module hooks must be installed for the forward pass of a step."""
+        per_sample = any(s.per_sample for s in merged.statistics)
+        curvature = any(not s.per_sample for s in merged.statistics)
+        return curvature or (per_sample and "backpack" in self.routes())
+
     # -- the step ---------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from cockpit_core.backends.backpack import extend
+from cockpit_core.backends.hooks import extend
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core.backends.backpack import extend
+from cockpit_core.backends.hooks import extend
 from cockpit_core.testing.problems import Problem
 
 

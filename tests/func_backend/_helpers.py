@@ -65,6 +65,9 @@ class LoopBackend:
     def __init__(self, cp: Cockpit, model: torch.nn.Module, problem: Problem):
         self.cp, self.model, self.problem = cp, model, problem
 
+    def needs_hooks(self, merged) -> bool:
+        return False  # no BackPACK: the forward pass needs no hooks
+
     @contextlib.contextmanager
     def collect(self, merged, batch_size, info=None):
         results = {s.identity: [None] * len(self.cp.params) for s in merged.statistics}

@@ -65,7 +65,9 @@ def test_1000_tracked_steps_keep_memory_flat_without_cycle_warnings():
     assert cycle == []
     assert not cp.errors
     (tensors_100, rss_100, cache_100), (tensors_999, rss_999, cache_999) = probes[100], probes[999]
-    assert tensors_999 == tensors_100  # no tensor (graph, eigenvector) accumulates
+    # no tensor (graph, eigenvector) accumulates; tensors kept by earlier tests' models
+    # (BackPACK's stored inputs) may be released meanwhile when hooks are switched
+    assert tensors_999 <= tensors_100
     assert cache_100 == cache_999 == 1  # only the warm-start eigenvector is kept
     # generous: the allocator may keep some pages; leaking only the Lanczos basis of each
     # step (20 x 74 float64) would add 11 MiB over these 900 steps, a graph far more
