@@ -125,9 +125,9 @@ class StepRun:
         finally:
             self._backend_ctx = None
         if self.hooks_missed is not None:
+            note = self.hooks_missed[0].upper() + self.hooks_missed[1:]
             for ident, reason in self.missing.items():
-                note = self.hooks_missed
-                self.missing[ident] = f"{note[0].upper()}{note[1:]} ({reason})"
+                self.missing[ident] = f"{note} ({reason})"
         if exc_type is not None:
             if self.sync is not None:
                 self.sync.close()

@@ -201,23 +201,8 @@ def relu_mlp(batch_size=16, seed=0):
     return Problem("relu_mlp", make, x, y, batch_size, "cross_entropy", seed)
 
 
-def reference_2d(grads, params, ranges, bins):
-    """Per-parameter counts [P, xbins, ybins] of brute-force per-sample gradients."""
-    (xlo, xhi), (ylo, yhi) = ranges
-    wx, wy = (xhi - xlo) / bins[0], (yhi - ylo) / bins[1]
-    out = []
-    for g, p in zip(grads, params):
-        gx = g.detach().numpy().astype(np.float32).reshape(len(g), -1)
-        py = np.broadcast_to(p.detach().numpy().astype(np.float32).ravel(), gx.shape)
-        gx = np.clip(gx, np.float32(xlo + wx / 2), np.float32(xhi - wx / 2))
-        py = np.clip(py, np.float32(ylo + wy / 2), np.float32(yhi - wy / 2))
-        h, _, _ = np.histogram2d(gx.ravel(), py.ravel(), bins=bins, range=ranges)
-        out.append(h.astype(np.int64))
-    return np.stack(out)
-
-
 @pytest.mark.parametrize("gather_cost", [0.0, 1e9])
-def test_a_relu_mlp_run_equals_brute_force(monkeypatch, gather_cost):
+def test_a_relu_mlp_run_equals_brute_force(monkeypatch, gather_cost, reference_2d):
     """End to end through the core: the linear weights take the factored path."""
     monkeypatch.setattr(_factored2d, "GATHER_COST", gather_cost)
     calls = []

@@ -17,21 +17,6 @@ from cockpit_core.testing.reference import per_sample_gradients
 PROBLEMS = {"mlp": tiny_mlp, "cnn": tiny_cnn}
 
 
-def reference_2d(grads, params, ranges, bins):
-    """Per-parameter 2-D counts [P, xbins, ybins]."""
-    (xlo, xhi), (ylo, yhi) = ranges
-    wx, wy = (xhi - xlo) / bins[0], (yhi - ylo) / bins[1]
-    out = []
-    for g, p in zip(grads, params):
-        gx = g.detach().numpy().astype(np.float32).reshape(len(g), -1)
-        py = np.broadcast_to(p.detach().numpy().astype(np.float32).ravel(), gx.shape)
-        gx = np.clip(gx, np.float32(xlo + wx / 2), np.float32(xhi - wx / 2))
-        py = np.clip(py, np.float32(ylo + wy / 2), np.float32(yhi - wy / 2))
-        h, _, _ = np.histogram2d(gx.ravel(), py.ravel(), bins=bins, range=ranges)
-        out.append(h.astype(np.int64))
-    return np.stack(out)
-
-
 def test_protocol():
     check_quantity(GradHist2d)
     check_quantity(GradHist2d, options={"bins": (3, 4), "keep_individual": True})
@@ -54,7 +39,7 @@ def test_bad_options_say_what_to_do(options, match):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("problem", ["mlp", "cnn"])
-def test_counts_equal_brute_force(problem, optimizer):
+def test_counts_equal_brute_force(problem, optimizer, reference_2d):
     ranges, bins = ((-1.0, 1.0), (-2.0, 2.0)), (40, 50)
     result = run_cockpit(
         PROBLEMS[problem](), [GradHist2d(keep_individual=True)], steps=3, optimizer=optimizer
@@ -74,7 +59,7 @@ def test_counts_equal_brute_force(problem, optimizer):
         )
 
 
-def test_values_outside_both_ranges_are_clamped_into_edge_bins():
+def test_values_outside_both_ranges_are_clamped_into_edge_bins(reference_2d):
     ranges, bins = ((-0.03, 0.01), (-0.2, 0.1)), (5, 3)
     result = run_cockpit(tiny_mlp(), [GradHist2d(bins=bins, range=ranges)], steps=2)
     for snap in result.snapshots:
@@ -88,7 +73,7 @@ def test_values_outside_both_ranges_are_clamped_into_edge_bins():
         assert out["hist"][:, 0].sum() > 0 and out["hist"][:, -1].sum() > 0
 
 
-def test_range_adaptation_per_axis():
+def test_range_adaptation_per_axis(reference_2d):
     q = GradHist2d(bins=(6, 8), adapt=("grad_abs_max", {"kind": "param_abs_max", "padding": 0.5}))
     result = run_cockpit(tiny_cnn(), [q], steps=3, optimizer="adam")
     ranges = ((-1.0, 1.0), (-2.0, 2.0))
