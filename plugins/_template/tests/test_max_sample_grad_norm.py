@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from cockpit_example import MaxSampleGradNorm
 
 from cockpit_core.testing import check_quantity, run_cockpit, tiny_mlp
 from cockpit_core.testing.reference import per_sample_gradients
-from cockpit_example import MaxSampleGradNorm
 
 
 def test_protocol():
