@@ -109,9 +109,17 @@ class FactoredLinearGrads:
         return (self.d.T @ self.a) / self.d.shape[0]
 
     def dot(self, vectors: Tensor) -> Tensor:
-        """``d_n^T V_k a_n`` for ``vectors`` ``[K, out, in]``: one ``[B, out] x [out, K in]`` product."""
+        """``d_n^T V_k a_n`` for ``vectors`` ``[K, out, in]``, shape ``[B, K]``.
+
+        One matrix product with the smaller intermediate: ``a [B, in] x V^T [in, K out]``
+        when ``out <= in`` (then a ``[B, K, out]`` contraction with ``d``), otherwise
+        ``d [B, out] x [out, K in]``. The first is ~8x faster for a 784 -> 10 layer.
+        """
         k, n_out, n_in = vectors.shape[0], self.d.shape[1], self.a.shape[1]
-        v = vectors.reshape(k, n_out, n_in).to(self.d.dtype).permute(1, 0, 2).reshape(n_out, -1)
+        v = vectors.reshape(k * n_out, n_in).to(self.d.dtype)
+        if n_out <= n_in:
+            return ((self.a.to(self.d.dtype) @ v.T).view(-1, k, n_out) * self.d[:, None, :]).sum(-1)
+        v = v.view(k, n_out, n_in).permute(1, 0, 2).reshape(n_out, -1)
         return ((self.d @ v).view(-1, k, n_in) * self.a[:, None, :].to(self.d.dtype)).sum(-1)
 
 

@@ -61,12 +61,14 @@ def test_per_sample_conv_gradients_equal_a_loop_over_samples(options):
     )
 
 
-def test_linear_projections_equal_the_materialized_ones():
+@pytest.mark.parametrize("n_out, n_in", [(3, 5), (5, 3)], ids=["out<in", "out>in"])
+def test_linear_projections_equal_the_materialized_ones(n_out, n_in):
+    """Both contraction orders of ``FactoredLinearGrads.dot`` (a first, d first)."""
     torch.manual_seed(1)
-    a, d = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    a, d = torch.randn(4, n_in, dtype=torch.float64), torch.randn(4, n_out, dtype=torch.float64)
     factored = FactoredLinearGrads(a, d)
     g = d[:, :, None] * a[:, None, :]  # g_n = d_n a_n^T
-    vectors = torch.randn(2, 3, 5, dtype=torch.float64)
+    vectors = torch.randn(2, n_out, n_in, dtype=torch.float64)
     torch.testing.assert_close(factored.dot(vectors), g.flatten(1) @ vectors.flatten(1).T)
     torch.testing.assert_close(factored.mean(), g.mean(0))
     torch.testing.assert_close(
