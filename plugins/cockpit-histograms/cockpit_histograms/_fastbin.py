@@ -4,7 +4,7 @@
 ``trunc(fl(fl(fl(x - lo) * bins) / fl(hi - lo)))`` (float32 arithmetic, the last bin also
 holding ``hi``) and counts with a scalar loop (~5-7 ns per value on this CPU). The same
 index computed with vectorized element-wise operations and counted with
-``torch.bincount`` takes ~2.5-3 ns per value.
+``torch.bincount`` takes ~2.5-3 ns per value (~0.7-0.9 ns on a faster host).
 
 Exactness is proved per ``(lo, hi, bins)``, not assumed: both assignments are monotone
 non-decreasing in ``x`` (compositions of monotone roundings), so they are equal
@@ -30,6 +30,29 @@ the cache across the five passes (2.0 ns per value here vs 3.9 ns with 16 MiB on
 SMALL = 1 << 15
 """Below this many values, one ``torch.histc`` call costs less than the six vectorized ones."""
 
+WAYS = 8
+"""Sub-histograms that consecutive values are counted into (summed at the end).
+
+``torch.bincount`` increments one counter per value; most gradient entries fall into the
+few bins around zero, so consecutive increments hit the same counter and each waits for
+the previous one. Value ``i`` counts into sub-histogram ``i % WAYS`` instead, which breaks
+that chain; with int16 indices (half the memory traffic of int32) the whole quantize and
+count of the non-zero products of a ReLU layer (100 bins) went from 1.35 to 0.78 ns per
+value here (4 ways: 0.83-1.06 ns, 16: 0.75 ns).
+"""
+
+
+def _index_dtype(bins: int) -> torch.dtype:
+    """The narrowest integer type that holds every striped index ``0 .. WAYS (bins + 1) - 1``."""
+    return torch.int16 if WAYS * (bins + 1) <= torch.iinfo(torch.int16).max else torch.int32
+
+
+@functools.lru_cache(maxsize=8)
+def _stripes(size: int, bins: int) -> Tensor:
+    """Offsets ``(i % WAYS) (bins + 1)`` that send value ``i`` to its sub-histogram."""
+    offsets = (torch.arange(size, dtype=torch.int64) % WAYS) * (bins + 1)
+    return offsets.to(_index_dtype(bins))
+
 
 def _quantize(
     v: Tensor,
@@ -40,7 +63,7 @@ def _quantize(
     out: Tensor,
     work: Tensor | None = None,
 ) -> Tensor:
-    """Bin indices (int32) of float32 values ``v`` in ``[lo32, hi32]``, written to ``out``.
+    """Bin indices of float32 values ``v`` in ``[lo32, hi32]``, written to the integer ``out``.
 
     ``hi`` itself (and values rounding to it) get index ``bins``: :func:`_count` moves
     them into the last bin, as ``torch.histc`` does, without another pass.
@@ -50,9 +73,14 @@ def _quantize(
     return out.copy_(work)  # truncation toward zero; values are >= 0
 
 
-def _count(index: Tensor, bins: int) -> Tensor:
-    """int64 counts of indices ``0..bins``, index ``bins`` counted in the last bin."""
-    counts = torch.bincount(index, minlength=bins + 1)
+def _count(index: Tensor, bins: int, ways: int = 1) -> Tensor:
+    """int64 counts of indices ``0..bins``, index ``bins`` counted in the last bin.
+
+    With ``ways > 1`` the indices carry the sub-histogram offsets of :func:`_stripes`.
+    """
+    counts = torch.bincount(index, minlength=ways * (bins + 1))
+    if ways > 1:
+        counts = counts.view(ways, bins + 1).sum(0)
     counts[bins - 1] += counts[bins]
     return counts[:bins]
 
@@ -78,8 +106,10 @@ def exact_for(lo: float, hi: float, bins: int) -> bool:
     ends = torch.tensor([lo32, hi32], dtype=torch.float32)
     low_key, high_key = (int(k) for k in _to_key(ends))
 
+    dtype = _index_dtype(bins)  # the integer type bin_counts truncates into
+
     def assign(x: Tensor) -> Tensor:
-        out = torch.empty(x.shape, dtype=torch.int32)
+        out = torch.empty(x.shape, dtype=dtype)
         return _quantize(x, lo32, float(bins), r32, bins, out).clamp_(max=bins - 1)
 
     # bisection, for every k = 1..bins-1, for the smallest float32 x with assign(x) >= k
@@ -94,9 +124,7 @@ def exact_for(lo: float, hi: float, bins: int) -> bool:
     keys = torch.cat([left, left - 1, torch.tensor([low_key, high_key])])
     keys = keys.clamp(low_key, high_key).unique()  # sorted
     points = _from_key(keys)
-    index = _quantize(
-        points, lo32, float(bins), r32, bins, torch.empty(points.shape, dtype=torch.int32)
-    )
+    index = _quantize(points, lo32, float(bins), r32, bins, torch.empty(points.shape, dtype=dtype))
     if bool((index > bins).any()):
         return False
     ours = _count(index, bins).to(torch.float64)
@@ -120,10 +148,12 @@ def bin_counts(v: Tensor, lo: float, hi: float, bins: int) -> Tensor:
     flat = v.reshape(-1)
     counts = torch.zeros(bins, dtype=torch.int64)
     size = min(PIECE, flat.numel())
-    index, work = torch.empty(size, dtype=torch.int32), torch.empty(size, dtype=torch.float32)
+    index = torch.empty(size, dtype=_index_dtype(bins))
+    work = torch.empty(size, dtype=torch.float32)
+    stripes = _stripes(size, bins)
     for start in range(0, flat.numel(), PIECE):
         piece = flat[start : start + PIECE]
         n = piece.numel()
         idx = _quantize(piece, lo32, float(bins), r32, bins, index[:n], work[:n])
-        counts += _count(idx, bins)
+        counts += _count(idx.add_(stripes[:n]), bins, WAYS)
     return counts.to(torch.float64)

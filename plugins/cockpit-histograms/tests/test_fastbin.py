@@ -10,7 +10,14 @@ import pytest
 import torch
 from cockpit_histograms import _fastbin
 
-RANGES = [(-2.0, 2.0, 100), (-0.05, 0.02, 7), (0.1, 0.5, 11), (-1e-6, 1e-6, 1000), (-3.3, 7.1, 37)]
+RANGES = [
+    (-2.0, 2.0, 100),
+    (-0.05, 0.02, 7),
+    (0.1, 0.5, 11),
+    (-1e-6, 1e-6, 1000),
+    (-3.3, 7.1, 37),
+    (-1.0, 1.0, 10_000),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +41,18 @@ def test_counts_equal_histc(lo, hi, bins):
     values = torch.cat([values.clamp(lo, hi), edge_values(lo, hi, bins)])
     expected = torch.histc(values, bins=bins, min=lo, max=hi).to(torch.float64)
     torch.testing.assert_close(_fastbin.bin_counts(values, lo, hi, bins), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bins", [5, 100, 10_000])
+def test_concentrated_values_over_many_pieces(monkeypatch, bins):
+    """Striped sub-histograms (int16, or int32 for many bins) over pieces of uneven size."""
+    monkeypatch.setattr(_fastbin, "PIECE", 1_000)
+    gen = torch.Generator().manual_seed(1)
+    values = (torch.randn(12_345, generator=gen) * 0.01).clamp(-1.0, 1.0)  # a few bins
+    expected = torch.histc(values, bins=bins, min=-1.0, max=1.0).to(torch.float64)
+    counts = _fastbin.bin_counts(values, -1.0, 1.0, bins)
+    torch.testing.assert_close(counts, expected, rtol=0, atol=0)
+    assert _fastbin._index_dtype(bins) == (torch.int16 if bins <= 100 else torch.int32)
 
 
 def test_a_different_rounding_is_detected_and_histc_used(monkeypatch):
