@@ -157,23 +157,32 @@ def per_sample_conv2d_weight(module: torch.nn.Conv2d, inputs: Tensor, grad_out: 
     return ConvWeightFactors(module, inputs.detach(), grad_out.detach()).materialize()
 
 
-CURVATURE_BLOCK = 1 << 23
-"""Elements of the ``[samples, V C_out, C_in k_h k_w]`` intermediate per block (32 MiB)."""
+CURVATURE_BLOCK = 1 << 22
+"""Elements formed per block of samples by :func:`conv_weight_diagonal` (16 MiB of float32):
+the block's ``[samples, V C_out, C_in k_h k_w]`` products, its slice of the factor and its
+patches. Whole-batch intermediates (256 MiB for the first 3c3d layer) cost more in page
+faults than in arithmetic on the 2-core machine (``benchmarks/results/analysis.md``)."""
 
 
 def conv_weight_diagonal(module: torch.nn.Conv2d, inputs: Tensor, factor: Tensor) -> Tensor:
-    """``sum_v sum_n (S_vn U_n^T)^2`` for the symmetric factor ``S`` (``[V, B, *output]``)."""
+    """``sum_v sum_n (S_vn U_n^T)^2`` for the symmetric factor ``S`` (``[V, B, *output]``).
+
+    A block of samples at a time: the block's factor slice is laid out as ``[n, V C_out,
+    L]`` (``V`` folded into the output channels) and contracted with its patches by one
+    batched product, so no whole-batch copy of ``S`` is made.
+    """
     factors = ConvWeightFactors(module, inputs.detach(), factor[0].detach())
     patches = factors._patches()
     v, batch, c_out = factor.shape[0], factor.shape[1], factor.shape[2]
-    s = factor.detach().transpose(0, 1).reshape(batch, v * c_out, *factor.shape[3:])
-    per_sample = v * c_out * module.weight[0].numel()
+    row, positions = module.weight[0].numel(), factor[0, 0, 0].numel()
+    per_sample = v * c_out * (row + positions) + row * positions
     block = max(1, CURVATURE_BLOCK // max(per_sample, 1))
+    s = factor.detach()
     out = torch.zeros(v * c_out, *module.weight.shape[1:], dtype=factor.dtype, device=factor.device)
     for start in range(0, batch, block):
-        js = torch.einsum(
-            "nmhw,nchwij->nmcij", s[start : start + block], patches[start : start + block]
-        )
+        s_block = s[:, start : start + block].transpose(0, 1)
+        s_block = s_block.reshape(s_block.shape[0], v * c_out, *factor.shape[3:])
+        js = torch.einsum("nmhw,nchwij->nmcij", s_block, patches[start : start + block])
         out += js.pow_(2).sum(0)
     return out.view(v, c_out, *module.weight.shape[1:]).sum(0)
 

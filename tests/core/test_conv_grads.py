@@ -78,10 +78,16 @@ def test_linear_projections_equal_the_materialized_ones(n_out, n_in):
 
 @pytest.mark.parametrize("options", [{}, {"stride": 2, "padding": 1, "dilation": 2}], ids=str)
 @pytest.mark.parametrize("kind", ["diag_hessian", "diag_ggn_exact", "diag_ggn_mc"])
-def test_curvature_diagonals_equal_backpack(options, kind):
+@pytest.mark.parametrize("one_sample_blocks", [False, True])
+def test_curvature_diagonals_equal_backpack(options, kind, one_sample_blocks, monkeypatch):
     """The fast Conv2d curvature diagonals equal BackPACK's own (itself tested upstream;
-    the curvature plugin compares with explicit Hessians)."""
+    the curvature plugin compares with explicit Hessians), in one block or sample by sample."""
     import copy
+
+    from cockpit_core.backends import conv_grads
+
+    if one_sample_blocks:
+        monkeypatch.setattr(conv_grads, "CURVATURE_BLOCK", 1)
 
     from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
 
