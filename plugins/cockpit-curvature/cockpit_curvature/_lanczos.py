@@ -102,6 +102,28 @@ def _error_bounds(theta: np.ndarray, res: np.ndarray, idx: np.ndarray, gap: str)
     return bounds
 
 
+GRAM_CHUNK = 1 << 14
+"""Columns of ``Q`` and ``AQ`` converted to float64 at a time by :func:`_gram_rows`."""
+
+
+def _gram_rows(q: Tensor, aq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The last rows of ``T``, ``G`` and ``M`` for the last rows ``v = q[-1]``, ``av = aq[-1]``.
+
+    ``0.5 (Q av + AQ v)``, ``AQ av`` and ``Q v``, accumulated in float64 over chunks of
+    columns: float32 vectors are converted a chunk at a time (in cache), not as whole
+    float64 copies of the basis at every iteration.
+    """
+    rows = [torch.zeros(q.shape[0], dtype=torch.float64, device=q.device) for _ in range(3)]
+    for start in range(0, q.shape[1], GRAM_CHUNK):
+        q64 = q[:, start : start + GRAM_CHUNK].double()
+        aq64 = aq[:, start : start + GRAM_CHUNK].double()
+        v64, av64 = q64[-1], aq64[-1]
+        rows[0] += 0.5 * (q64 @ av64 + aq64 @ v64)
+        rows[1] += aq64 @ av64
+        rows[2] += q64 @ v64
+    return rows[0], rows[1], rows[2]
+
+
 class _SearchSpace:
     """Orthonormal rows ``Q``, their products ``AQ`` and the float64 Gram matrices.
 
@@ -111,8 +133,9 @@ class _SearchSpace:
     """
 
     def __init__(self, capacity: int, dim: int, dtype: torch.dtype, device: torch.device):
-        self.q = torch.zeros(capacity, dim, dtype=dtype, device=device)
-        self.aq = torch.zeros(capacity, dim, dtype=dtype, device=device)
+        # rows beyond ``size`` are never read: no zero fill (2 x 72 MB on the 3c3d network)
+        self.q = torch.empty(capacity, dim, dtype=dtype, device=device)
+        self.aq = torch.empty(capacity, dim, dtype=dtype, device=device)
         self.t = np.zeros((capacity, capacity))
         self.g = np.zeros((capacity, capacity))
         self.m = np.zeros((capacity, capacity))
@@ -129,11 +152,7 @@ class _SearchSpace:
         """Append the unit vector ``v`` and its product ``av``."""
         j = self.size
         self.q[j], self.aq[j] = v, av
-        q64, aq64 = self.q[: j + 1].double(), self.aq[: j + 1].double()
-        v64, av64 = q64[j], aq64[j]
-        t = (0.5 * (q64 @ av64 + aq64 @ v64)).cpu().numpy()
-        g = (aq64 @ av64).cpu().numpy()
-        m = (q64 @ v64).cpu().numpy()
+        t, g, m = (row.cpu().numpy() for row in _gram_rows(self.q[: j + 1], self.aq[: j + 1]))
         if not (np.all(np.isfinite(t)) and np.all(np.isfinite(g))):
             raise FloatingPointError(
                 "A Hessian-vector product is not finite (NaN or inf): the loss or the "
