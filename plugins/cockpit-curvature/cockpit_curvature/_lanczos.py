@@ -113,14 +113,13 @@ def _gram_rows(q: Tensor, aq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     columns: float32 vectors are converted a chunk at a time (in cache), not as whole
     float64 copies of the basis at every iteration.
     """
-    rows = [torch.zeros(q.shape[0], dtype=torch.float64, device=q.device) for _ in range(3)]
+    rows: tuple[Tensor, ...] = ()
     for start in range(0, q.shape[1], GRAM_CHUNK):
         q64 = q[:, start : start + GRAM_CHUNK].double()
         aq64 = aq[:, start : start + GRAM_CHUNK].double()
         v64, av64 = q64[-1], aq64[-1]
-        rows[0] += 0.5 * (q64 @ av64 + aq64 @ v64)
-        rows[1] += aq64 @ av64
-        rows[2] += q64 @ v64
+        part = (0.5 * (q64 @ av64 + aq64 @ v64), aq64 @ av64, q64 @ v64)
+        rows = tuple(r + p for r, p in zip(rows, part)) if rows else part
     return rows[0], rows[1], rows[2]
 
 
