@@ -160,8 +160,8 @@ def per_sample_conv2d_weight(module: torch.nn.Conv2d, inputs: Tensor, grad_out: 
 CURVATURE_BLOCK = 1 << 22
 """Elements formed per block of samples by :func:`conv_weight_diagonal` (16 MiB of float32):
 the block's ``[samples, V C_out, C_in k_h k_w]`` products, its slice of the factor and its
-patches. Whole-batch intermediates (256 MiB for the first 3c3d layer) cost more in page
-faults than in arithmetic on the 2-core machine (``benchmarks/results/analysis.md``)."""
+patches. A whole-batch copy of ``S`` (256 MiB for the first 3c3d layer) cost about as much,
+in copying and page faults, as the products themselves (``benchmarks/results/analysis.md``)."""
 
 
 def conv_weight_diagonal(module: torch.nn.Conv2d, inputs: Tensor, factor: Tensor) -> Tensor:

@@ -84,14 +84,13 @@ def test_curvature_diagonals_equal_backpack(options, kind, one_sample_blocks, mo
     the curvature plugin compares with explicit Hessians), in one block or sample by sample."""
     import copy
 
+    from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
+
     from cockpit_core.backends import conv_grads
+    from cockpit_core.backends.conv_grads import DiagGGNConv2dFast, DiagHConv2dFast
 
     if one_sample_blocks:
         monkeypatch.setattr(conv_grads, "CURVATURE_BLOCK", 1)
-
-    from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
-
-    from cockpit_core.backends.conv_grads import DiagGGNConv2dFast, DiagHConv2dFast
 
     extension, fast, field = {
         "diag_hessian": (DiagHessian, DiagHConv2dFast, "diag_h"),

@@ -104,6 +104,24 @@ def test_float32_operator_reaches_float32_accuracy():
     assert abs(res.eigenvalues[0] - 1.0) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_gram_rows_accumulated_over_column_chunks_give_the_same_result(monkeypatch, dtype):
+    """Large models extend the float64 Gram matrices chunk by chunk (here 29, the last
+    uneven); only the summation order differs from one chunk, so results agree to
+    float64 rounding."""
+    from cockpit_curvature import _lanczos
+
+    eigenvalues = SPECTRA["separated"]
+    a = _matrix(eigenvalues).to(dtype)
+    start = torch.randn(200, generator=torch.Generator().manual_seed(0)).to(dtype)
+    whole = lanczos(lambda v: a @ v, start, k=3, tol=1e-6)
+    monkeypatch.setattr(_lanczos, "GRAM_CHUNK", 7)
+    chunked = lanczos(lambda v: a @ v, start, k=3, tol=1e-6)
+    assert chunked.converged and chunked.matvecs == whole.matvecs
+    np.testing.assert_allclose(chunked.eigenvalues, whole.eigenvalues, rtol=1e-12)
+    np.testing.assert_allclose(chunked.eigenvalues, [1.0, 0.8, 0.6], rtol=1e-5)
+
+
 def test_zero_start_vector_and_bad_which_are_rejected():
     a = torch.eye(3, dtype=torch.float64)
     with pytest.raises(ValueError, match="must not be zero"):
