@@ -49,7 +49,11 @@ def _index_dtype(bins: int) -> torch.dtype:
 
 @functools.lru_cache(maxsize=8)
 def _stripes(size: int, bins: int) -> Tensor:
-    """Offsets ``(i % WAYS) (bins + 1)`` that send value ``i`` to its sub-histogram."""
+    """Offsets ``(i % WAYS) (bins + 1)`` that send value ``i`` to its sub-histogram.
+
+    Called with ``size = PIECE`` and sliced, so every call of :func:`bin_counts` with the
+    same ``bins`` reuses one tensor, whatever the number of values.
+    """
     offsets = (torch.arange(size, dtype=torch.int64) % WAYS) * (bins + 1)
     return offsets.to(_index_dtype(bins))
 
@@ -150,7 +154,7 @@ def bin_counts(v: Tensor, lo: float, hi: float, bins: int) -> Tensor:
     size = min(PIECE, flat.numel())
     index = torch.empty(size, dtype=_index_dtype(bins))
     work = torch.empty(size, dtype=torch.float32)
-    stripes = _stripes(size, bins)
+    stripes = _stripes(PIECE, bins)
     for start in range(0, flat.numel(), PIECE):
         piece = flat[start : start + PIECE]
         n = piece.numel()
