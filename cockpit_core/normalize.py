@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from cockpit_core.errors import ConfigError, MisuseError
+from cockpit_core.log import clean_value, unserializable_notes
 from cockpit_core.quantity import Quantity
 
 
@@ -42,32 +42,30 @@ def split_params(params: Any) -> tuple[list[torch.nn.Parameter], list[str]]:
 
 
 def check_unique_keys(quantities: list[Quantity], source: str | None) -> None:
-    """Raise :class:`ConfigError` if two quantities would write the same output key."""
-    seen: dict[str, int] = {}
-    errors = []
-    for i, q in enumerate(quantities):
-        if q.key in seen:
-            errors.append(
-                (
-                    f"quantities.{i}",
-                    f"'{q.key}' is tracked twice (also entry {seen[q.key]}); "
-                    "give one of them a distinct 'label'",
-                )
-            )
-        seen.setdefault(q.key, i)
-    if errors:
-        raise ConfigError(errors, source)
+    """Raise :class:`ConfigError` if two quantities would write the same output key.
+
+    The check lives in :mod:`cockpit_core.config` (``resolve_quantities`` runs it); this
+    name stays for callers of the old location.
+    """
+    from cockpit_core.config import check_unique_keys as check
+
+    check(quantities, source)
 
 
 def to_serializable(value: Any) -> Any:
-    """Convert tensors to numpy/floats (recursively) so that values can be logged."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        return value.item() if value.ndim == 0 else value.numpy()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {str(k): to_serializable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_serializable(v) for v in value]
-    return value
+    """A loggable copy of a quantity's value; total: it never raises.
+
+    Tensors become numpy arrays (bfloat16/float8 as float32, complex32 as complex64,
+    sparse as dense; 0-d ones as Python numbers), numpy scalars Python numbers, tuples and
+    sets lists, dict keys strings. What cannot be logged faithfully (meta tensors, cycles,
+    arbitrary objects, ...) becomes a placeholder string ``"<unserializable: why>"``;
+    :func:`serialization_notes` lists those, and the Cockpit records an ``error`` record
+    (phase ``serialize``) for each value that holds one. The full mapping is in
+    ``docs/log_format.md``.
+    """
+    return clean_value(value)
+
+
+def serialization_notes(value: Any) -> list[str]:
+    """What of a value returned by :func:`to_serializable` will not be logged faithfully."""
+    return unserializable_notes(value)

@@ -10,8 +10,10 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
-from cockpit_core.log import read_log, read_records
+from cockpit_core import Cockpit
+from cockpit_core.log import read_log, read_records, read_run
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGKILL is POSIX only")
 
@@ -81,3 +83,24 @@ def test_sigkill_mid_run_keeps_every_finished_step(tmp_path):
     # and the steps read form a gap-free range (nothing in the middle got lost)
     steps = sorted(output)
     assert steps == list(range(steps[-1] + 1))
+
+    # resuming the killed run on the same log continues it: nothing is truncated
+    resume_at = steps[-1] + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = torch.nn.Linear(2, 1)
+        cp = Cockpit(model.named_parameters(), ["loss"], log=log, log_fsync_every=None)
+        for step in range(resume_at, resume_at + 3):
+            losses = (model(torch.randn(4, 2)) ** 2).squeeze(1)
+            info = {"loss": losses.mean(), "individual_losses": losses.detach(), "batch_size": 4}
+            with cp(step, info=info):
+                losses.mean().backward()
+        cp.close()
+    assert any("appending run 2" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a torn tail was cut before appending
+        run = read_run(log)
+    assert [h["run"] for h in run.headers] == [1, 2]
+    assert sorted(run.output) == list(range(resume_at + 3))
+    for step in steps:  # the first run's records survive
+        assert run.output[step]["loss"] == output[step]["loss"]

@@ -100,7 +100,8 @@ def test_jsonl_and_consolidated_json_read_back_identically(tmp_path):
         _assert_same(from_jsonl[step], from_json[step])
     run = read_run(tmp_path / "log.jsonl")
     assert run.header["quantities"][0]["name"] == "everything"
-    assert run.header["log_format"] == 1
+    assert run.header["log_format"] == 2
+    assert run.header["run"] == 1 and run.headers == [run.header]
     assert read_run(tmp_path / "output.json").header["params"] == run.header["params"]
 
 
@@ -197,7 +198,7 @@ def test_each_record_is_on_disk_before_the_writer_returns(tmp_path):
     writer.close()
 
 
-def test_odd_values_are_logged_as_text_and_tensors_as_arrays(tmp_path):
+def test_odd_values_are_logged_as_placeholders_and_tensors_as_arrays(tmp_path):
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path)
     with warnings.catch_warnings(record=True) as caught:
@@ -205,9 +206,14 @@ def test_odd_values_are_logged_as_text_and_tensors_as_arrays(tmp_path):
         writer({"kind": "values", "step": 0, "values": {"obj": object(), "t": torch.ones(2)}})
         writer({"kind": "values", "step": 1, "values": {"obj": object()}})
     writer.close()
-    assert len([w for w in caught if "repr string" in str(w.message)]) == 1  # once per type
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1  # once per type
+    assert messages[0].startswith(
+        "cockpit log: a value in a 'values' record cannot be logged as it is; it was written "
+        "as the placeholder string '<unserializable: object object <object object at 0x"
+    )
     out = read_log(path)
-    assert out[0]["obj"].startswith("<object object")
+    assert out[0]["obj"].startswith("<unserializable: object object <object object at")
     np.testing.assert_array_equal(out[0]["t"], np.ones(2, dtype=np.float32))
 
 
