@@ -51,10 +51,11 @@ def _field_rows(config_cls: Any) -> list[dict[str, Any]]:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    """List plugins with their state."""
+    """List plugins with their state and name conflicts between them."""
     from cockpit_core.registry import default_registry
 
     registry = default_registry()
+    conflicts = [str(err) for err in registry.conflicts.values()]
     rows = [
         {
             "name": p.name,
@@ -65,6 +66,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             "error": p.error,
             "quantities": p.quantities,
             "presets": p.presets,
+            "providers": p.providers,
+            "sinks": p.sinks,
+            "conflicts": [c for c in conflicts if f"'{p.distribution}'" in c],
         }
         for p in registry.plugins
     ]
@@ -76,10 +80,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for r in rows:
         state = "ok" if r["ok"] else f"SKIPPED: {r['error']}"
         print(f"{r['name']}  ({r['distribution']} {r['version']})  {state}")
-        if r["quantities"]:
-            print(f"    quantities: {', '.join(r['quantities'])}")
-        if r["presets"]:
-            print(f"    presets: {', '.join(r['presets'])}")
+        for what in ("quantities", "presets", "providers", "sinks"):
+            if r[what]:
+                print(f"    {what}: {', '.join(r[what])}")
     for name, err in registry.conflicts.items():
         print(f"CONFLICT {name}: {err}")
     for message in getattr(registry, "extension_errors", {}).values():
@@ -137,19 +140,24 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate a config file without training."""
-    from cockpit_core.config import load_config_file, parse_settings, resolve_quantities
+    """Validate a config file without training: the same checks as ``Cockpit.from_config``."""
+    from cockpit_core.config import load_config_file, validate_config_data
     from cockpit_core.registry import default_registry
 
     try:
         data = load_config_file(args.config)
-        settings = parse_settings(data, args.config)
-        quantities = resolve_quantities(settings.quantities, default_registry(), args.config)
+        validated = validate_config_data(data, default_registry(), args.config)
     except CockpitError as err:
         print(err, file=sys.stderr)
+        problems = len(getattr(err, "errors", ())) or 1
+        print(f"{problems} problem{'s' if problems > 1 else ''} found.", file=sys.stderr)
         return 1
+    keys = ", ".join(q.key for q in validated.quantities)
+    sinks = ", ".join(s.name for s in validated.sinks)
     print(
-        f"{args.config}: valid ({len(quantities)} quantities: {', '.join(q.key for q in quantities)})"
+        f"{args.config}: valid ({len(validated.quantities)} quantities: {keys}"
+        + (f"; sinks: {sinks}" if sinks else "")
+        + ")"
     )
     return 0
 
@@ -288,6 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CockpitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # a file that cannot be read or written: no traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

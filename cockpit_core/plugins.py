@@ -2,7 +2,9 @@
 
 pluggy's own ``load_setuptools_entrypoints`` stops at the first plugin that fails to
 import; here each entry point is loaded in isolation, so a broken plugin is reported
-(``cockpit plugins``) and skipped while the others still load.
+(``cockpit plugins``) and skipped while the others still load. Isolation covers every
+``BaseException`` but ``KeyboardInterrupt``: a plugin that calls ``sys.exit()`` at import or
+in a hook is skipped like one that raises ``ImportError``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class PluginInfo:
         error: Why the plugin was skipped, or ``None`` if it loaded.
         quantities: Names of the quantities it registered.
         presets: Names of the presets it registered.
+        providers: Names of the statistics providers it registered.
+        sinks: Names of the sinks it registered.
 
     """
 
@@ -39,6 +43,8 @@ class PluginInfo:
     error: str | None = None
     quantities: list[str] = field(default_factory=list)
     presets: list[str] = field(default_factory=list)
+    providers: list[str] = field(default_factory=list)
+    sinks: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -64,8 +70,10 @@ def load_plugin(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> bool
         return False
     try:
         pm.register(plugin, name=info.name)
-    except Exception as err:  # pluggy validates hook names and signatures here
-        info.error = f"invalid hook implementation: {err}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # pluggy validates hook names and signatures here
+        info.error = f"invalid hook implementation: {describe_error(err, exception_name=False)}"
         return False
     return True
 
@@ -85,24 +93,36 @@ def discover(group: str = hookspecs.PROJECT_NAME) -> tuple[pluggy.PluginManager,
         infos.append(info)
         try:
             plugin = ep.load()
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # SystemExit at import must not end the program
             info.error = f"import failed: {_summary(err)}"
             continue
         load_plugin(pm, plugin, info)
     return pm, infos
 
 
+def describe_error(err: BaseException, exception_name: bool = True) -> str:
+    """``Type: message`` of an exception a plugin raised, readable also for ``sys.exit()``."""
+    message = str(err)
+    if isinstance(err, SystemExit):
+        message = f"{message or 'None'} (the plugin called sys.exit() or raised SystemExit)"
+    if not exception_name:
+        return message
+    return f"{type(err).__name__}: {message}" if message else type(err).__name__
+
+
 def _info_for(ep: EntryPoint) -> PluginInfo:
     dist = getattr(ep, "dist", None)
-    return PluginInfo(
-        name=ep.name,
-        distribution=dist.metadata["Name"] if dist is not None else "?",
-        version=dist.version if dist is not None else "?",
-        module=ep.value,
-    )
+    try:
+        name = dist.metadata["Name"] if dist is not None else "?"
+        version = dist.version if dist is not None else "?"
+    except Exception:  # broken metadata: still list the entry point
+        name, version = "?", "?"
+    return PluginInfo(name=ep.name, distribution=name or "?", version=version, module=ep.value)
 
 
 def _summary(err: BaseException) -> str:
     last = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
     where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
-    return f"{type(err).__name__}: {err}{where}"
+    return f"{describe_error(err)}{where}"

@@ -16,9 +16,19 @@ See ``docs/writing_quantities.md`` for a walk-through.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, ClassVar
+import types
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from cockpit_core.errors import ConfigError
 from cockpit_core.requirements import NO_REQUIREMENTS, Requirements
@@ -31,26 +41,107 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 """Quantity names are snake_case: lower-case words joined by single underscores."""
 
 
+_SCALAR_NAMES = {bool: "a valid boolean", int: "a valid integer", float: "a valid number"}
+
+
+def _scalar_types(annotation: Any) -> set[type] | None:
+    """The scalar types (bool/int/float/None) an annotation accepts, or ``None`` if it accepts more."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _scalar_types(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        out: set[type] = set()
+        for arg in get_args(annotation):
+            arg_types = _scalar_types(arg)
+            if arg_types is None:
+                return None
+            out |= arg_types
+        return out
+    if annotation is type(None) or annotation in _SCALAR_NAMES:
+        return {annotation}
+    return None
+
+
+def loose_scalar_message(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` is refused for a number/boolean field, or ``None`` if it is not refused.
+
+    Pydantic's default (lax) mode reads ``true`` as ``1``, ``"yes"`` as ``True`` and ``"10"``
+    as ``10``. Config files give real numbers and booleans, so those coercions only hide
+    mistakes. Fixed-length tuples of numbers (``range = [0, 1]``) are checked item by item.
+    Values of other types are left to pydantic.
+    """
+    if get_origin(annotation) is tuple and isinstance(value, (list, tuple)):
+        args = get_args(annotation)
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        for i, (item_type, item) in enumerate(zip(items, value)):
+            message = loose_scalar_message(item_type, item)
+            if message is not None:
+                return f"item {i}: {message}"
+        return None
+    accepted = _scalar_types(annotation)
+    if not accepted or value is None:
+        return None
+    if isinstance(value, bool):
+        ok = bool in accepted
+    elif isinstance(value, (int, float)):  # pydantic refuses 2.5 for an int field itself
+        ok = int in accepted or float in accepted
+    elif isinstance(value, str):
+        ok = False
+    else:
+        return None
+    if ok:
+        return None
+    expected = " or ".join(_SCALAR_NAMES[t] for t in (bool, int, float) if t in accepted)
+    if float in accepted:
+        expected = expected.replace(f"{_SCALAR_NAMES[int]} or ", "")
+    return f"Input should be {expected}, got {type(value).__name__} {value!r}"
+
+
 class QuantityConfig(BaseModel):
     """Options every quantity has. Subclass it to add a quantity's own options.
 
-    Every field needs a ``description`` and a default; unknown keys are rejected.
+    Every field needs a ``description`` and a default; unknown keys are rejected. Number and
+    boolean fields, also those of subclasses, are strict: ``every = true`` or
+    ``bins = "10"`` is an error, not a coercion.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     every: int | None = Field(
-        None, ge=1, description="Track every this many steps (default 1). Shorthand for schedule."
+        None,
+        ge=1,
+        strict=True,
+        description="Track every this many steps (default 1). Shorthand for schedule.",
     )
-    offset: int = Field(0, ge=0, description="First step tracked by `every`.")
+    offset: int = Field(0, ge=0, strict=True, description="First step tracked by `every`.")
     schedule: Schedule | None = Field(
         None, description="When to track, as data: kind 'every', 'log' or 'steps'."
     )
     label: str | None = Field(
         None,
+        strict=True,
         description="Output key; defaults to the quantity name. Needed to track one "
         "quantity twice with different options.",
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_loose_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        message = None if field is None else loose_scalar_message(field.annotation, value)
+        if message is not None:
+            raise PydanticCustomError("strict_scalar", message)
+        return value
+
+    @field_validator("label")
+    @classmethod
+    def _usable_label(cls, label: str | None) -> str | None:
+        if label is not None and (not label.strip() or label.startswith("__")):
+            raise ValueError(
+                f"label {label!r} cannot be an output key: use a non-empty name that does not "
+                "start with '__' (reserved for the log format), e.g. 'grad_norm_2'"
+            )
+        return label
 
     @model_validator(mode="after")
     def _one_schedule(self) -> QuantityConfig:
@@ -70,19 +161,61 @@ def validate_config(config_cls: type[BaseModel], data: dict[str, Any], prefix: s
     try:
         return config_cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(pydantic_errors(err, prefix)) from None
+        raise ConfigError(pydantic_errors(err, prefix, data)) from None
 
 
-def pydantic_errors(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
-    """Turn a pydantic error into ``(dotted.field.path, message)`` pairs."""
+def pydantic_errors(
+    err: ValidationError, prefix: str = "", data: Any = None
+) -> list[tuple[str, str]]:
+    """Turn a pydantic error into ``(dotted.field.path, message)`` pairs.
+
+    Type errors name the value that was given (``Input should be a valid boolean, got str
+    'yes'``); ``Value error, `` prefixes of custom validators are dropped. With the validated
+    ``data``, the tags pydantic inserts for discriminated unions are dropped from the path
+    (``schedule.num``, not ``schedule.log.num``).
+    """
     out = []
     for e in err.errors():
-        path = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(e["loc"]))
+        loc = _without_union_tags(e["loc"], data) if data is not None else tuple(e["loc"])
+        path = ".".join(str(p) for p in ((prefix,) if prefix else ()) + loc)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown option (check the spelling; `cockpit quantities` lists the options)"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        elif (e["type"].endswith("_type") or e["type"] == "literal_error") and _is_plain(
+            e.get("input")
+        ):
+            msg = f"{msg}, got {type(e['input']).__name__} {e['input']!r}"
         out.append((path, msg))
     return out
+
+
+def _without_union_tags(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """Drop the ``kind`` tags of discriminated unions from an error location."""
+    out: list[Any] = []
+    node, i = data, 0
+    while i < len(loc):
+        part = loc[i]
+        if isinstance(node, dict) and node.get("kind") == part:
+            following = loc[i + 1] if i + 1 < len(loc) else None
+            if part not in node or following in node:
+                i += 1  # the tag, not a key of the input
+                continue
+        out.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, (list, tuple)) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            node = None
+        i += 1
+    return tuple(out)
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether ``value`` is a short scalar worth quoting in a message."""
+    return isinstance(value, (bool, int, float, str)) and len(repr(value)) <= 60
 
 
 class Quantity:

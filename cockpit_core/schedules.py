@@ -7,6 +7,11 @@ Three kinds exist, each a pydantic model with a ``kind`` tag::
     {"kind": "steps", "steps": [0, 5, 100]}              # an explicit list
 
 In Python any callable ``step -> bool`` is accepted as well.
+
+Fields are strict: ``every = true`` or ``num = "50"`` is rejected rather than read as a
+number. A logarithmic schedule tracks at most :data:`MAX_LOG_STEPS` steps and ends at most at
+step :data:`MAX_STEP`, so a typo such as ``num = 1000000000`` is a config error instead of a
+giant allocation.
 """
 
 from __future__ import annotations
@@ -16,9 +21,15 @@ from functools import cached_property
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
 
 ScheduleFn = Callable[[int], bool]
+
+MAX_LOG_STEPS = 100_000
+"""Most steps a logarithmic schedule may ask for (``num``); use kind ``every`` beyond that."""
+
+MAX_STEP = 10**15
+"""Largest ``start``/``end`` of a logarithmic schedule (far beyond any training run)."""
 
 
 class _ScheduleModel(BaseModel):
@@ -32,8 +43,8 @@ class EveryN(_ScheduleModel):
     """Track every ``every``-th step, starting at ``offset``."""
 
     kind: Literal["every"] = Field("every", description="Schedule type tag.")
-    every: int = Field(1, ge=1, description="Track every this many steps.")
-    offset: int = Field(0, ge=0, description="First tracked step.")
+    every: int = Field(1, ge=1, strict=True, description="Track every this many steps.")
+    offset: int = Field(0, ge=0, strict=True, description="First tracked step.")
 
     def __call__(self, step: int) -> bool:
         """Return whether ``step`` is tracked."""
@@ -47,9 +58,24 @@ class Logarithmic(_ScheduleModel):
     """
 
     kind: Literal["log"] = Field("log", description="Schedule type tag.")
-    start: int = Field(1, ge=0, description="First tracked step.")
-    end: int = Field(..., ge=1, description="Last tracked step.")
-    num: int = Field(50, ge=1, description="Number of log-spaced steps before de-duplication.")
+    start: int = Field(1, ge=0, le=MAX_STEP, strict=True, description="First tracked step.")
+    end: int = Field(..., ge=1, le=MAX_STEP, strict=True, description="Last tracked step.")
+    num: int = Field(
+        50,
+        ge=1,
+        strict=True,
+        description=f"Number of log-spaced steps before de-duplication (at most {MAX_LOG_STEPS}).",
+    )
+
+    @field_validator("num")
+    @classmethod
+    def _bounded_num(cls, num: int) -> int:
+        if num > MAX_LOG_STEPS:
+            raise ValueError(
+                f"num = {num} is too large: a logarithmic schedule tracks at most "
+                f"{MAX_LOG_STEPS} steps; use kind 'every' to track densely"
+            )
+        return num
 
     @model_validator(mode="after")
     def _check_order(self) -> Logarithmic:
@@ -76,7 +102,9 @@ class ExplicitSteps(_ScheduleModel):
     """Track exactly the listed steps."""
 
     kind: Literal["steps"] = Field("steps", description="Schedule type tag.")
-    steps: frozenset[int] = Field(..., description="The steps to track.")
+    steps: frozenset[Annotated[int, Strict(), Field(ge=0)]] = Field(
+        ..., description="The steps to track (non-negative integers)."
+    )
 
     def __call__(self, step: int) -> bool:
         """Return whether ``step`` is tracked."""

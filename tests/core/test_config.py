@@ -143,8 +143,14 @@ def test_presets_expand_and_missing_members_are_explained(params):
 
 
 def test_tracking_a_quantity_twice_needs_a_label(params):
-    with pytest.raises(ConfigError, match="tracked twice .* distinct 'label'"):
+    with pytest.raises(ConfigError) as err:
         Cockpit(params, ["hist", {"name": "hist", "bins": 4}], registry=make_registry())
+    assert err.value.errors == [
+        (
+            "quantities.1",
+            "'hist' is tracked twice (also quantities.0); give one of them a distinct 'label'",
+        )
+    ]
     cp = Cockpit(
         params, ["hist", {"name": "hist", "bins": 4, "label": "hist_4"}], registry=make_registry()
     )
@@ -163,3 +169,117 @@ def test_json_schema_is_a_discriminated_union_over_installed_quantities():
     text = json.dumps(schema)
     assert '"discriminator"' in text and '"hist"' in text and '"bins"' in text
     assert schema["properties"]["on_error"]["enum"] == ["warn", "disable", "raise"]
+
+
+def test_a_label_that_collides_with_another_key_is_reported_with_the_other_errors(params):
+    with pytest.raises(ConfigError) as err:
+        Cockpit(
+            params,
+            ["loss", {"name": "hist", "label": "loss"}, {"name": "hist", "bins": 0}],
+            registry=make_registry(),
+        )
+    assert err.value.errors == [
+        ("quantities.2.bins", "Input should be greater than 0"),
+        (
+            "quantities.1",
+            "'loss' is tracked twice (also quantities.0); give one of them a distinct 'label'",
+        ),
+    ]
+
+
+def test_a_preset_that_tracks_a_key_twice_says_so(params):
+    with pytest.raises(ConfigError) as err:
+        Cockpit(params, ["small", "loss"], registry=make_registry())
+    assert err.value.errors == [
+        (
+            "quantities.1",
+            "'loss' is tracked twice (also quantities.0); give one of them a distinct 'label'",
+        )
+    ]
+
+
+def test_the_old_check_unique_keys_location_still_works():
+    from cockpit_core.normalize import check_unique_keys
+
+    with pytest.raises(ConfigError) as err:
+        check_unique_keys([Loss(), Loss()], "c.toml")
+    assert str(err.value) == (
+        "Invalid cockpit configuration in c.toml:\n"
+        "  quantities.1: 'loss' is tracked twice (also quantities.0); give one of them a "
+        "distinct 'label'"
+    )
+
+
+@pytest.mark.parametrize(
+    "options, field, message",
+    [
+        ({"debug": "yes"}, "debug", "Input should be a valid boolean, got str 'yes'"),
+        ({"debug": 1}, "debug", "Input should be a valid boolean, got int 1"),
+        (
+            {"keep_in_memory": "false"},
+            "keep_in_memory",
+            "Input should be a valid boolean, got str 'false'",
+        ),
+        ({"on_error": 1}, "on_error", "Input should be 'warn', 'disable' or 'raise', got int 1"),
+        ({"live_every": True}, "live_every", "Input should be a valid integer, got bool True"),
+        ({"chunk_size": "8"}, "chunk_size", "Input should be a valid integer, got str '8'"),
+        (
+            {"log_fsync_every": True},
+            "log_fsync_every",
+            "Input should be a valid number, got bool True",
+        ),
+        ({"log": 3}, "log", "Input should be a valid string, got int 3"),
+    ],
+)
+def test_top_level_options_are_strict(tmp_path, params, options, field, message):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"quantities": ["loss"], **options}))
+    with pytest.raises(ConfigError) as err:
+        Cockpit.from_config(path, params, registry=make_registry())
+    assert err.value.errors == [(field, message)]
+
+
+@pytest.mark.parametrize(
+    "entry, field, message",
+    [
+        ({"every": True}, "quantities.0.every", "Input should be a valid integer, got bool True"),
+        ({"offset": "2"}, "quantities.0.offset", "Input should be a valid integer, got str '2'"),
+        ({"label": 3}, "quantities.0.label", "Input should be a valid string, got int 3"),
+        ({"bins": True}, "quantities.0.bins", "Input should be a valid integer, got bool True"),
+        ({"bins": "7"}, "quantities.0.bins", "Input should be a valid integer, got str '7'"),
+        (
+            {"label": "__ndarray__"},
+            "quantities.0.label",
+            "label '__ndarray__' cannot be an output key: use a non-empty name that does not "
+            "start with '__' (reserved for the log format), e.g. 'grad_norm_2'",
+        ),
+    ],
+)
+def test_quantity_options_are_strict_also_those_of_plugins(params, entry, field, message):
+    with pytest.raises(ConfigError) as err:
+        Cockpit(params, [{"name": "hist", **entry}], registry=make_registry())
+    assert err.value.errors == [(field, message)]
+
+
+def test_numbers_tuples_and_schedules_from_files_keep_working(params, tmp_path):
+    class RangeConfig(QuantityConfig):
+        range: tuple[float, float] = Field((0.0, 1.0), description="Range.")
+        scale: float = Field(1.0, description="Scale.")
+        flag: bool = Field(False, description="Flag.")
+
+    config = RangeConfig.model_validate(
+        {"range": [-1, 2], "scale": 3, "flag": True, "schedule": {"kind": "log", "end": 100}}
+    )
+    assert config.range == (-1.0, 2.0) and config.scale == 3.0 and config.flag is True
+    assert config.resolved_schedule()(100)
+
+    class Ranged(Quantity):
+        name = "ranged"
+        Config = RangeConfig
+
+    assert Ranged(range=(0, 3)).config.range == (0.0, 3.0)
+    with pytest.raises(ConfigError) as err:
+        Ranged(range=[True, 1])
+    assert err.value.errors == [
+        ("ranged.range", "item 0: Input should be a valid number, got bool True")
+    ]

@@ -111,3 +111,138 @@ def test_unknown_name_suggests_the_closest_and_lists_installed():
 def test_class_names_are_aliases():
     registry = Registry.from_entry_points()
     assert registry.get("GradNorm") is registry.get("grad_norm")
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_skipped_and_reported(fake_distribution):
+    fake_distribution("fakeplug-exit", "fakeplug_exit", "import sys\nsys.exit(3)\n")
+    fake_distribution("fakeplug-good", "fakeplug_good", GOOD)
+    registry = Registry.from_entry_points()
+    info = next(p for p in registry.plugins if p.name == "fakeplug_exit")
+    assert not info.ok
+    assert info.error.startswith(
+        "import failed: SystemExit: 3 (the plugin called sys.exit() or raised SystemExit) ("
+    )
+    assert info.error.endswith("fakeplug_exit.py:2)")
+    assert "fakeplug_value" in registry.quantities and "loss" in registry.quantities
+
+
+def test_any_base_exception_but_keyboard_interrupt_is_contained(fake_distribution):
+    fake_distribution(
+        "fakeplug-base",
+        "fakeplug_base",
+        "class Odd(BaseException):\n    pass\n\nraise Odd('not an Exception')\n",
+    )
+    fake_distribution(
+        "fakeplug-hookexit",
+        "fakeplug_hookexit",
+        """
+        import sys
+        from cockpit_core import hookimpl
+
+        @hookimpl
+        def register_quantities(register):
+            sys.exit()
+        """,
+    )
+    registry = Registry.from_entry_points()
+    infos = {p.name: p for p in registry.plugins}
+    assert infos["fakeplug_base"].error.startswith("import failed: Odd: not an Exception (")
+    assert infos["fakeplug_hookexit"].error == (
+        "hook raised SystemExit: None (the plugin called sys.exit() or raised SystemExit)"
+    )
+    assert "loss" in registry.quantities
+
+
+def test_keyboard_interrupt_in_a_plugin_is_not_swallowed(fake_distribution):
+    fake_distribution("fakeplug-ctrlc", "fakeplug_ctrlc", "raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        Registry.from_entry_points()
+
+
+def test_a_panel_hook_raising_system_exit_costs_only_the_panels(fake_distribution):
+    fake_distribution(
+        "fakeplug-panelexit",
+        "fakeplug_panelexit",
+        GOOD
+        + """
+import sys
+
+@hookimpl
+def register_sinks(register):
+    sys.exit("no sinks today")
+""",
+    )
+    with pytest.warns(UserWarning, match="register_instruments/register_sinks raised SystemExit"):
+        registry = Registry.from_entry_points()
+    assert "fakeplug_value" in registry.quantities
+    assert registry.extension_errors["fakeplug_panelexit"] == (
+        "'fakeplug_panelexit' (fakeplug-panelexit): register_instruments/register_sinks raised "
+        "SystemExit: no sinks today (the plugin called sys.exit() or raised SystemExit); its "
+        "panels and sinks are skipped, its quantities still work."
+    )
+
+
+SINK_PLUGIN = """
+from cockpit_core import hookimpl
+
+@hookimpl
+def register_sinks(register):
+    register("tensorboard", lambda **options: print, None, "Not the real TensorBoard sink.")
+"""
+
+
+def test_a_sink_named_like_a_first_party_one_is_a_conflict_when_used(fake_distribution):
+    fake_distribution("fakeplug-tb", "fakeplug_tb", SINK_PLUGIN)
+    registry = Registry.from_entry_points()
+    expected = (
+        "The sink name 'tensorboard' is registered by both 'cockpit-tensorboard' and "
+        "'fakeplug-tb', so cockpit cannot tell which one you mean. Uninstall one of the "
+        "distributions (pip uninstall ...), or ask one author to rename the sink."
+    )
+    assert str(registry.conflicts["sink:tensorboard"]) == expected
+    with pytest.raises(DuplicateQuantityError) as err:
+        registry.make_sink("tensorboard")
+    assert str(err.value) == expected
+    from cockpit_core import ConfigError
+    from cockpit_core.config import validate_config_data
+
+    with pytest.raises(ConfigError) as err:
+        validate_config_data(
+            {"quantities": ["loss"], "sinks": [{"name": "tensorboard", "log_dir": "x"}]}, registry
+        )
+    assert err.value.errors == [("sinks.0.name", expected)]
+
+
+def test_three_distributions_with_one_sink_name_are_all_named(fake_distribution):
+    fake_distribution("fakeplug-tb", "fakeplug_tb", SINK_PLUGIN)
+    fake_distribution("fakeplug-tb2", "fakeplug_tb2", SINK_PLUGIN)
+    registry = Registry.from_entry_points()
+    assert str(registry.conflicts["sink:tensorboard"]).startswith(
+        "The sink name 'tensorboard' is registered by 'cockpit-tensorboard', 'fakeplug-tb' "
+        "and 'fakeplug-tb2', so"
+    )
+
+
+def test_preset_and_quantity_collisions_name_both_distributions(fake_distribution):
+    fake_distribution(
+        "fakeplug-presets",
+        "fakeplug_presets",
+        """
+        from cockpit_core import hookimpl
+
+        @hookimpl
+        def register_presets(register):
+            register("economy", ["loss"])
+            register("grad_norm", ["loss"])
+        """,
+    )
+    registry = Registry.from_entry_points()
+    with pytest.raises(DuplicateQuantityError) as err:
+        registry.preset("economy")
+    assert str(err.value) == (
+        "The name 'economy' is registered by both 'cockpit-basic' and 'fakeplug-presets'. "
+        "Uninstall one of the distributions (pip uninstall ...), or ask one author to rename "
+        "the quantity."
+    )
+    with pytest.raises(DuplicateQuantityError, match="'cockpit-basic' and 'fakeplug-presets'"):
+        registry.get("grad_norm")

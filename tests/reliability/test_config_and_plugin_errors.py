@@ -108,3 +108,79 @@ def test_cockpit_plugins_reports_broken_plugins(fake_distribution):
         [sys.executable, "-m", "cockpit_core", "plugins"], env=env, capture_output=True, text=True
     )
     assert "fakeplug_crash  (fakeplug-crash 1.0)  SKIPPED: import failed" in text.stdout
+
+
+def test_a_plugin_exiting_at_import_does_not_stop_any_command(fake_distribution, tmp_path):
+    site = fake_distribution("fakeplug-exit", "fakeplug_exit", "import sys\nsys.exit(3)\n")
+    fake_distribution(
+        "fakeplug-hookexit",
+        "fakeplug_hookexit",
+        "from cockpit_core import hookimpl\n\n@hookimpl\n"
+        "def register_presets(register):\n    raise SystemExit('bye')\n",
+    )
+    env = {"PYTHONPATH": str(site), "PATH": ""}
+    config = tmp_path / "c.toml"
+    config.write_text('quantities = ["loss", "grad_norm"]\n')
+
+    def cockpit(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "cockpit_core", *args], env=env, capture_output=True, text=True
+        )
+
+    proc = cockpit("plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["fakeplug_exit"]["error"].startswith(
+        "import failed: SystemExit: 3 (the plugin called sys.exit() or raised SystemExit) ("
+    )
+    assert rows["fakeplug_hookexit"]["error"] == (
+        "hook raised SystemExit: bye (the plugin called sys.exit() or raised SystemExit)"
+    )
+    assert rows["basic"]["ok"]
+    text = cockpit("plugins")
+    assert text.returncode == 0
+    assert (
+        "fakeplug_exit  (fakeplug-exit 1.0)  SKIPPED: import failed: SystemExit: 3" in text.stdout
+    )
+    for args in (("quantities",), ("schema",)):
+        assert cockpit(*args).returncode == 0, args
+    proc = cockpit("validate", str(config))
+    assert (proc.returncode, proc.stdout) == (
+        0,
+        f"{config}: valid (2 quantities: loss, grad_norm)\n",
+    )
+
+
+def _registry():
+    from cockpit_core.registry import default_registry
+
+    return default_registry()
+
+
+SINK_ENTRIES = st.one_of(
+    st.sampled_from(["tensorboard", "tensorbord", ""]),
+    st.dictionaries(
+        st.sampled_from(["name", "log_dir", "flush_secs", "histograms", "x"]), LEAVES, max_size=4
+    ),
+    LEAVES,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.dictionaries(KEYS, NESTED, max_size=5),
+    st.one_of(st.none(), st.lists(SINK_ENTRIES, max_size=3), NESTED),
+)
+def test_validation_of_random_configs_raises_only_config_errors(data, sinks):
+    from cockpit_core.config import validate_config_data
+
+    if sinks is not None:
+        data["sinks"] = sinks
+    try:
+        validated = validate_config_data(data, _registry(), "random.toml")
+    except ConfigError as err:
+        assert err.errors and all(
+            isinstance(p, str) and isinstance(m, str) and m for p, m in err.errors
+        )
+    else:
+        assert all(s.path.startswith("sinks.") for s in validated.sinks)
