@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,11 +59,13 @@ def reduction_mismatch(info: Mapping[str, Any]) -> str | None:
     if losses.numel() < 2 or loss.numel() != 1:
         return None
     loss_value = float(loss.detach())
-    total = float(losses.detach().sum())
+    total = float(losses.detach().double().sum())
     mean = total / losses.numel()
-    if abs(loss_value - mean) <= 1e-4 * max(abs(mean), 1e-12):
+    # half-precision losses (autocast) are rounded to a few digits
+    rtol = max(1e-4, 4 * max(_eps(loss), _eps(losses)))
+    if abs(loss_value - mean) <= rtol * max(abs(mean), 1e-12):
         return None
-    if abs(loss_value - total) <= 1e-4 * max(abs(total), 1e-12):
+    if abs(loss_value - total) <= rtol * max(abs(total), 1e-12):
         return (
             "info['loss'] is the sum of info['individual_losses'], but cockpit's quantities "
             "assume a mean-reduced loss (reduction='mean'); per-sample statistics would be "
@@ -71,4 +74,214 @@ def reduction_mismatch(info: Mapping[str, Any]) -> str | None:
     return (
         f"info['loss'] ({loss_value:.6g}) is not the mean of info['individual_losses'] "
         f"({mean:.6g}); pass the per-sample losses of the same mini-batch."
+    )
+
+
+def _eps(tensor: torch.Tensor) -> float:
+    return torch.finfo(tensor.dtype).eps if tensor.is_floating_point() else 0.0
+
+
+def per_sample_mismatch(name: str, ratio: float, residual: float, batch_size: int) -> str | None:
+    """A message if ``p.grad`` is not the mean of the per-sample gradients cockpit computed.
+
+    Per-sample statistics assume that the backpropagated loss is the mean of ``batch_size``
+    per-sample losses and that ``p.grad`` holds only this step's gradient; float32 rounding
+    stays far below the tolerance of 1e-3. A loss scaled without telling cockpit is not
+    seen here (the per-sample gradients are scaled alike): :func:`scaled_loss` reports it.
+
+    Args:
+        name: The parameter that was checked.
+        ratio: ``c`` in ``p.grad ~ c * mean_n g_n`` (least squares), after unscaling.
+        residual: ``||p.grad - c * mean_n g_n|| / ||p.grad||``.
+        batch_size: The step's ``info["batch_size"]``.
+
+    """
+    if abs(ratio - 1.0) <= 1e-3 and residual <= 1e-3:
+        return None
+    samples = ratio * batch_size
+    if (
+        residual <= 1e-3
+        and batch_size > 0
+        and round(samples) >= 1
+        and abs(samples - round(samples)) < 1e-2
+    ):
+        if round(samples) != batch_size:
+            return (
+                f"per-sample statistics are scaled wrongly: info['batch_size'] is {batch_size}, "
+                f"but the per-sample gradients of '{name}' average to p.grad / {ratio:.6g}, as "
+                f"if the mini-batch had {round(samples)} samples. Pass the number of samples "
+                "of the mean loss you backpropagate, info={'batch_size': len(x), ...}."
+            )
+    return (
+        f"the gradient of '{name}' is not the mean of its per-sample gradients (p.grad ~ "
+        f"{ratio:.6g} x their mean, residual {residual:.2g}): per-sample statistics assume "
+        f"that the loss you backpropagate is the mean over info['batch_size'] = {batch_size} "
+        "samples of their own losses and that p.grad was zeroed before the step. Check "
+        "batch_size, the loss reduction, opt.zero_grad(), and gradient changes inside the "
+        "`with cp(...)` block."
+    )
+
+
+def scaled_loss(seen: float | None, scale: float, has_scaler: bool) -> str | None:
+    """A message if the gradient that reached ``info["loss"]`` is not the announced scale.
+
+    Args:
+        seen: The gradient ``backward`` sent into ``info["loss"]`` (``None``: none went
+            through it, e.g. ``info["loss"]`` is not the tensor that was backpropagated).
+        scale: ``info["grad_scaler"].get_scale()``, 1 without a scaler.
+        has_scaler: Whether ``info["grad_scaler"]`` was given.
+
+    """
+    if seen is None or not math.isfinite(seen) or abs(seen - scale) <= 1e-6 * max(scale, 1.0):
+        return None
+    if not has_scaler:
+        return (
+            f"the loss was backpropagated multiplied by {seen:.6g} (the gradient reaching "
+            "info['loss'] is not 1), so every gradient is scaled (torch.amp.GradScaler?). "
+            "Pass the scaler, info={'grad_scaler': scaler, ...}, so that every statistic is "
+            "computed on unscaled gradients (docs/mixed_precision.md); until then they are "
+            f"{seen:.6g} x too large"
+        )
+    if abs(seen - 1.0) <= 1e-6:
+        return (
+            f"the tensor in info['loss'] looks like the scaled loss: backward sent 1 into it, while "
+            f"info['grad_scaler'] scales by {scale:.6g}. Pass the unscaled loss, "
+            "info={'loss': loss, ...} with scaler.scale(loss).backward() inside the block "
+            "(docs/mixed_precision.md)"
+        )
+    return (
+        f"the loss was backpropagated multiplied by {seen:.6g}, but info['grad_scaler'] "
+        f"scales by {scale:.6g}: statistics are unscaled by the wrong factor. Pass the scaler "
+        "that scales this loss, and call scaler.update() only after the `with cp(...)` block"
+    )
+
+
+def scaler_skipped(scale: float) -> str:
+    """The reason of a step whose ``GradScaler`` found inf/NaN gradients."""
+    return (
+        f"the GradScaler found inf/NaN gradients (scale {scale:.6g}): it skips this "
+        "optimizer step and lowers the scale, which is normal now and then (more often in "
+        "the first steps)"
+    )
+
+
+def batch_norm_in_training(model: torch.nn.Module | None) -> list[str]:
+    """Names of the model's BatchNorm modules that are in training mode."""
+    if model is None:
+        return []
+    return [
+        name or type(m).__name__
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+    ]
+
+
+BATCH_NORM_REASON = (
+    "in training mode BatchNorm mixes the samples of a batch, so per-sample gradients are "
+    "not defined"
+)
+
+
+def batch_norm_message(names: Sequence[str]) -> str:
+    """The warning for BatchNorm modules in training mode while per-sample statistics run."""
+    shown = ", ".join(f"'{n}'" for n in names[:5]) + (" ..." if len(names) > 5 else "")
+    return (
+        f"BatchNorm module(s) {shown} are in training mode while per-sample statistics are "
+        f"tracked: {BATCH_NORM_REASON} (neither for the BatchNorm parameters nor for the "
+        "layers before them; each sample's gradient also depends on the other samples). "
+        "Per-sample quantities (gradient tests, GSNR, alpha, histograms, TIC) are "
+        "then not meaningful. Use GroupNorm/LayerNorm, or track them with the model in eval mode"
+    )
+
+
+def names_text(names: Sequence[str]) -> str:
+    """``'a', 'b', 'c' ...``: at most five names."""
+    return ", ".join(f"'{n}'" for n in names[:5]) + (
+        f" and {len(names) - 5} more" if len(names) > 5 else ""
+    )
+
+
+class ParameterWatch:
+    """Notices tracked parameters that change shape, get frozen or unfrozen, or leave the model.
+
+    Args:
+        params: The tracked parameters.
+        names: Their names.
+
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str]):
+        self.params, self.names = list(params), list(names)
+        self.shapes = [tuple(p.shape) for p in self.params]
+        self.requires = [bool(p.requires_grad) for p in self.params]
+
+    def changes(self) -> tuple[list[int], list[int], list[tuple[int, tuple, tuple]]]:
+        """``(frozen, unfrozen, reshaped)`` since the last call (indices; old and new shape)."""
+        frozen, unfrozen, reshaped = [], [], []
+        for i, p in enumerate(self.params):
+            shape, requires = tuple(p.shape), bool(p.requires_grad)
+            if shape != self.shapes[i]:
+                reshaped.append((i, self.shapes[i], shape))
+                self.shapes[i] = shape
+            if requires != self.requires[i]:
+                (unfrozen if requires else frozen).append(i)
+                self.requires[i] = requires
+        return frozen, unfrozen, reshaped
+
+    def removed(self, model: torch.nn.Module | None) -> list[int]:
+        """Tracked parameters that ``model`` no longer holds (a replaced layer)."""
+        if model is None:
+            return []
+        held = {id(p) for p in model.parameters()}
+        return [i for i, p in enumerate(self.params) if id(p) not in held]
+
+    def frozen_message(self, step: int, frozen: Sequence[int]) -> str:
+        """The warning for parameters that stopped requiring gradients."""
+        return (
+            f"parameter(s) {names_text([self.names[i] for i in frozen])} no longer require "
+            f"gradients at step {step} (frozen): from now on quantities treat them as having a "
+            "zero gradient (a stale p.grad is ignored) and leave them out of per-sample "
+            "statistics, so values describe the parameters that still train and cannot be "
+            "compared with earlier steps. To track only the trainable parameters, build a "
+            "new Cockpit from them."
+        )
+
+    def unfrozen_message(self, step: int, unfrozen: Sequence[int]) -> str:
+        """The warning for parameters that require gradients again."""
+        return (
+            f"parameter(s) {names_text([self.names[i] for i in unfrozen])} require gradients "
+            f"again at step {step} (unfrozen): their statistics are missing at this step if "
+            "the statistics providers did not observe the forward pass for them, and are "
+            "computed again from the next tracked step on. Values before and after the "
+            "change describe different sets of parameters."
+        )
+
+    def reshaped_message(self, step: int, reshaped: Sequence[tuple[int, tuple, tuple]]) -> str:
+        """The warning for parameters that changed shape."""
+        shown = ", ".join(
+            f"'{self.names[i]}' {list(old)} -> {list(new)}" for i, old, new in reshaped[:5]
+        )
+        return (
+            f"parameter(s) changed shape at step {step} ({shown}): the two points of two-step "
+            "quantities that started before (update_size, alpha, ...) cannot be compared, so "
+            "those values are dropped; quantities that keep state across steps (distance) "
+            "record errors, and the log's header still lists the old shapes. After changing "
+            "the architecture, build a new Cockpit (with a new log)."
+        )
+
+    def removed_message(self, step: int, removed: Sequence[int]) -> str:
+        """The warning for tracked parameters the attached model no longer holds."""
+        return (
+            f"parameter(s) {names_text([self.names[i] for i in removed])} are no longer part "
+            f"of the attached model at step {step} (a replaced layer?): they get no gradient, "
+            "so quantities count them as zero and the new layer's parameters are not tracked. "
+            "Build a new Cockpit from the new model's parameters."
+        )
+
+
+def no_backward_reason(step: int) -> str:
+    """Why a step without ``backward()`` inside its block is skipped."""
+    return (
+        f"no tracked parameter received a gradient inside `with cp({step}, ...)`: "
+        "backward() was not called in the block (or ran before it)"
     )

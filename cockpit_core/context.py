@@ -10,6 +10,7 @@ from torch import Tensor
 
 from cockpit_core.cache import FOREVER, Cache
 from cockpit_core.errors import MisuseError, UnsupportedModelError
+from cockpit_core.mixed_precision import float_dtype
 from cockpit_core.requirements import Statistic
 
 
@@ -21,10 +22,15 @@ class HessianVectorProducts:
     ``create_graph=True`` (which creates a parameter/gradient reference cycle). If the user
     did call ``backward(create_graph=True)``, the differentiable ``p.grad`` are reused and
     detached after the step, which breaks the cycle.
+
+    ``loss`` must be the unscaled loss (not ``scaler.scale(loss)``); ``grad_scale`` is the
+    factor the reused ``p.grad`` carry (a ``GradScaler``'s scale), divided out of every
+    product computed from them.
     """
 
-    def __init__(self, loss: Tensor | None, params: Sequence[Tensor]):
+    def __init__(self, loss: Tensor | None, params: Sequence[Tensor], grad_scale: float = 1.0):
         self._loss = loss
+        self._grad_scale = grad_scale
         self._params = list(params)
         self._grads: tuple[Tensor, ...] | None = None
         self._used_user_graph = False
@@ -69,16 +75,19 @@ class HessianVectorProducts:
                 allow_unused=True,
             )
         except RuntimeError as err:  # e.g. fused attention kernels: no double backward
-            from cockpit_core.backends.attention import (
-                DOUBLE_BACKWARD_HINT,
-                is_missing_double_backward,
-            )
+            from cockpit_core.attention import DOUBLE_BACKWARD_HINT, is_missing_double_backward
 
             if not is_missing_double_backward(err):
                 raise
             raise UnsupportedModelError(f"{err}. {DOUBLE_BACKWARD_HINT}") from None
         self.count += 1
-        return [torch.zeros_like(p) if h is None else h.detach() for p, h in zip(self._params, hv)]
+        scale = self._grad_scale if self._used_user_graph else 1.0
+        return [
+            torch.zeros_like(p)
+            if h is None
+            else (h.detach() if scale == 1.0 else h.detach() / scale)
+            for p, h in zip(self._params, hv)
+        ]
 
     def release(self) -> None:
         """Drop the gradient graph; detach user gradients that carry a graph."""
@@ -103,6 +112,7 @@ class StepData:
         missing: dict[tuple[str, str], str],
         hvp: HessianVectorProducts | None,
         grads: Sequence[Tensor] | None = None,
+        grad_scale: float = 1.0,
     ):
         self.step = step
         self.info = info
@@ -111,16 +121,19 @@ class StepData:
         self.statistics = statistics
         self.missing = missing
         self.hvp = hvp
+        self.grad_scale = grad_scale
         # given under torch.distributed (the global batch's gradient), else read lazily
         self._grads: list[Tensor] | None = None if grads is None else list(grads)
 
     @property
     def grads(self) -> list[Tensor]:
-        """Detached gradients (zeros for parameters that received none)."""
+        """Detached, unscaled gradients (zeros for parameters that received none or are frozen).
+
+        ``p.grad`` divided by :attr:`grad_scale` (a ``GradScaler``'s scale while the
+        gradients are still scaled); half-precision gradients are read in float32.
+        """
         if self._grads is None:
-            self._grads = [
-                torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in self.params
-            ]
+            self._grads = [_unscaled(p, self.grad_scale) for p in self.params]
         return self._grads
 
     def release(self) -> None:
@@ -130,6 +143,15 @@ class StepData:
         self.info = {}
         if self.hvp is not None:
             self.hvp.release()
+
+
+def _unscaled(p: Tensor, scale: float) -> Tensor:
+    if p.grad is None or not p.requires_grad:  # a frozen parameter's p.grad is stale
+        return torch.zeros_like(p, dtype=float_dtype(p))
+    g = p.grad.detach()
+    if g.dtype != float_dtype(g):
+        g = g.to(float_dtype(g))
+    return g if scale == 1.0 else g / scale
 
 
 class QuantityCache:
@@ -177,7 +199,11 @@ class StepContext:
 
     @property
     def grads(self) -> list[Tensor]:
-        """The mini-batch gradient of each parameter (``p.grad``, detached)."""
+        """The mini-batch gradient of each parameter (``p.grad``, detached, unscaled).
+
+        Unscaled: divided by the scale of ``info["grad_scaler"]`` while ``p.grad`` is
+        scaled; half-precision gradients are given in float32.
+        """
         return self._data.grads
 
     @property

@@ -1,7 +1,16 @@
-"""What happens when a quantity raises or a step's values are not finite: training goes on."""
+"""What happens when a quantity raises or a step cannot be used: training goes on.
+
+Everything a quantity plugin runs at step time (its schedule, ``requirements()``,
+``compute``/``compute_start``/``compute_end``) is isolated: any exception, including
+``SystemExit`` and every other ``BaseException``, is recorded and the run continues; only
+``KeyboardInterrupt`` and ``GeneratorExit`` pass through. ``on_error="raise"`` re-raises.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +40,8 @@ class ErrorPolicy:
 
     Attributes:
         errors: ``"error"`` records: step, quantity, phase, message, traceback summary.
-        skipped: ``"skipped"`` records of steps with a non-finite loss or gradient.
+        skipped: ``"skipped"`` records of steps that were not used: a non-finite loss or
+            gradient (also when a ``GradScaler`` found inf/NaN), or no ``backward()``.
 
     """
 
@@ -46,9 +56,12 @@ class ErrorPolicy:
         self.skipped: list[Record] = []
         self._warned: set[tuple[str, str]] = set()
 
-    def quantity_failed(self, q: Quantity, step: int, phase: str, err: Exception) -> None:
-        """Record that ``q`` raised ``err`` at ``step`` (or re-raise with ``"raise"``)."""
-        if self.on_error == "raise":
+    def quantity_failed(self, q: Quantity, step: int, phase: str, err: BaseException) -> None:
+        """Record that ``q`` raised ``err`` at ``step`` (or re-raise with ``"raise"``).
+
+        ``phase``: ``"single"``, ``"start"``, ``"end"``, ``"schedule"`` or ``"requirements"``.
+        """
+        if self.on_error == "raise" or isinstance(err, (KeyboardInterrupt, GeneratorExit)):
             raise err
         tb = traceback.extract_tb(err.__traceback__)[-3:]
         record = {
@@ -67,9 +80,13 @@ class ErrorPolicy:
             self._planner.pending.pop(q.key, None)
             self._cache.remove_owner(q.key)
             action = "it is disabled for the rest of the run"
+        where = {"schedule": "its schedule ", "requirements": "its requirements() "}.get(phase, "")
         self._warn_once(
             (q.key, type(err).__name__),
-            f"quantity '{q.key}' failed at step {step} ({type(err).__name__}: {err}); "
+            f"quantity '{q.key}' failed at step {step} ({where}raised {type(err).__name__}: "
+            f"{err}); training continues and {action}. Errors are in cp.errors and the log."
+            if where
+            else f"quantity '{q.key}' failed at step {step} ({type(err).__name__}: {err}); "
             f"training continues and {action}. Errors are in cp.errors and the log.",
             stacklevel=6,  # user's with block > StepRun.__exit__ > run_tasks > here
         )
@@ -81,33 +98,92 @@ class ErrorPolicy:
         info: Mapping[str, Any],
         params: Sequence[torch.nn.Parameter],
         names: Sequence[str],
+        scaler_scale: float | None = None,
     ) -> bool:
-        """Skip the step's quantities (recording why) if the loss or gradients are not finite."""
+        """Skip the step's quantities (recording why) if the loss or gradients are not finite.
+
+        With ``scaler_scale`` (a ``GradScaler`` scales the loss), non-finite gradients are
+        reported as the scaler's overflow, which it handles by skipping the optimizer step.
+        """
         reason = checks.nonfinite_reason(info, params, names)
         if reason is None:
             return False
-        for task in tasks:
-            if task.phase == "end":  # the end point is not usable: drop the pending start
-                self._planner.pending.pop(task.quantity.key, None)
-                self._cache.pop(task.quantity.key, START_STATE)
-        record = {
-            "kind": "skipped",
-            "step": step,
-            "quantities": sorted({t.quantity.key for t in tasks}),
-            "reason": f"non-finite values: {reason}",
-        }
-        self.skipped.append(record)
-        self._emit(record)
-        self._warn_once(
+        if scaler_scale is not None and not reason.startswith("the loss"):
+            self.skip_scaler_overflow(step, tasks, scaler_scale)
+            return True
+        self.skip(
+            step,
+            tasks,
+            f"non-finite values: {reason}",
             ("", "nonfinite"),
             f"step {step} skipped because {reason}; training continues. Skipped steps are "
             "in cp.skipped and the log. Lower the learning rate or check the data if this "
             "repeats.",
-            stacklevel=5,  # user's with block > StepRun.__exit__ > here
         )
         return True
 
-    def _warn_once(self, kind: tuple[str, str], message: str, stacklevel: int) -> None:
+    def skip_scaler_overflow(self, step: int, tasks: Sequence[Task], scale: float) -> None:
+        """Skip a step whose ``GradScaler`` found inf/NaN gradients."""
+        reason = checks.scaler_skipped(scale)
+        self.skip(
+            step,
+            tasks,
+            f"non-finite values: {reason}",
+            ("", "grad_scaler"),
+            f"step {step} skipped because {reason}; training continues. Skipped steps are "
+            "in cp.skipped and the log.",
+        )
+
+    def skip(
+        self,
+        step: int,
+        tasks: Sequence[Task],
+        reason: str,
+        kind: tuple[str, str],
+        message: str,
+        stacklevel: int = 6,
+    ) -> None:
+        """Record step ``step`` as skipped for ``reason``; warn ``message`` once per ``kind``."""
+        self.drop_pending([t.quantity.key for t in tasks if t.phase == "end"])
+        record = {
+            "kind": "skipped",
+            "step": step,
+            "quantities": sorted({t.quantity.key for t in tasks}),
+            "reason": reason,
+        }
+        self.skipped.append(record)
+        self._emit(record)
+        self._warn_once(kind, message, stacklevel=stacklevel)
+
+    def drop_pending(self, keys: Sequence[str]) -> None:
+        """Forget the start points of two-step quantities ``keys`` (their end is unusable)."""
+        for key in keys:
+            self._planner.pending.pop(key, None)
+            self._cache.pop(key, START_STATE)
+
+    def warn_once(self, kind: tuple[str, str], message: str, stacklevel: int = 5) -> None:
+        """Warn ``message`` the first time a problem of ``kind`` occurs in this run.
+
+        The warning points at the first caller outside cockpit (the user's ``with``
+        block); ``stacklevel`` is kept for callers that pass it and is not used.
+        """
+        self._warn_once(kind, f"{message[0].upper()}{message[1:]}", stacklevel)
+
+    def _warn_once(self, kind: tuple[str, str], message: str, stacklevel: int = 0) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
-            warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=stacklevel)
+            warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=_outside_cockpit())
+
+
+_INTERNAL = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.abspath(contextlib.__file__),
+)
+
+
+def _outside_cockpit() -> int:
+    """The ``stacklevel`` of the first frame outside cockpit_core (and ``contextlib``)."""
+    frame, level = sys._getframe(2), 2  # the caller of _warn_once's caller's warnings.warn
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -7,6 +7,10 @@ clipping, so they describe the gradients the loss produced. Needs
 ``pip install -e ".[huggingface]"``::
 
     python examples/huggingface_example.py [LOG_PATH]
+
+On a GPU, ``fp16=True`` needs no change here: ``CockpitTrainer`` hands the Accelerator's
+GradScaler to the Cockpit, so the values are of the unscaled gradients
+(docs/mixed_precision.md).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ the callback computes the quantities inside Lightning's backward pass, so they d
 the unclipped gradients the loss produced. Needs ``pip install -e ".[lightning]"``::
 
     python examples/lightning_example.py [LOG_PATH]
+
+On a GPU, ``precision="16-mixed"`` needs no change here: the callback hands Lightning's
+GradScaler to the Cockpit, so the values are of the unscaled gradients. With several
+optimizers (manual optimization), pass one Cockpit per optimizer,
+``CockpitCallback({0: cp_a, 1: cp_b})`` (docs/integrations.md).
 """
 
 from __future__ import annotations

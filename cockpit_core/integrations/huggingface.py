@@ -8,6 +8,11 @@ the backward pass in ``with cockpit(step, info=...)``.
 
 Per-sample statistics need the model (and loss) extended for BackPACK, and models that
 BackPACK does not support need the ``torch.func`` backend (see ``docs/integrations.md``).
+
+Mixed precision: with ``fp16=True`` the Accelerator scales the loss with its
+``GradScaler`` (``self.accelerator.scaler``); ``CockpitTrainer`` passes it as
+``info["grad_scaler"]``, so every statistic is of the unscaled gradients. ``info["loss"]`` is
+the unscaled loss (the Accelerator scales it inside ``backward``).
 Install with ``pip install cockpit-core[huggingface]``.
 """
 
@@ -36,8 +41,10 @@ class CockpitTrainer(Trainer):
             ``individual_losses``); ``loss``, ``batch_size`` and ``optimizer`` are set.
         *args, **kwargs: Passed to :class:`transformers.Trainer`.
 
-    The step number is ``state.global_step``. Gradient accumulation
-    (``gradient_accumulation_steps > 1``) is refused for now.
+    The step number is ``state.global_step``. ``info`` holds ``loss`` (unscaled),
+    ``batch_size``, ``optimizer`` and, when the Accelerator scales the loss (``fp16``),
+    ``grad_scaler``. Gradient accumulation (``gradient_accumulation_steps > 1``) is
+    refused for now.
 
     """
 
@@ -66,6 +73,9 @@ class CockpitTrainer(Trainer):
             loss = loss.mean()
         step = int(self.state.global_step)
         info = {"loss": loss, "batch_size": _batch_size(inputs), "optimizer": self.optimizer}
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None:
+            info["grad_scaler"] = scaler
         if self.cockpit_info is not None:
             info.update(self.cockpit_info(inputs, outputs))
         with self.cockpit(step, info=info):

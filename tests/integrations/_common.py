@@ -36,8 +36,8 @@ def import_framework(name: str) -> ModuleType:
         pytest.skip(f"{name} not usable here: {err!r}", allow_module_level=True)
 
 
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
     return extend(
         torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
     )

@@ -84,3 +84,96 @@ def test_a_failing_sink_is_removed_and_training_goes_on():
             loss.backward()
     assert any("failed and was removed: disk full" in str(w.message) for w in caught)
     assert cp.get_output()[0]["loss"] == pytest.approx(float(loss.detach()))
+
+
+def _raising_schedule(step):
+    if step == 2:
+        raise ValueError("schedule bug")
+    return True
+
+
+def test_a_raising_schedule_records_an_error_and_training_goes_on():
+    from cockpit_core import Cockpit
+
+    problem = tiny_mlp()
+    model = problem.make_model()
+    quantities = [{"name": "grad_norm"}, "loss"]
+    cp = Cockpit(model.named_parameters(), quantities)
+    cp.quantities[0].schedule = _raising_schedule
+    loss_fn = problem.loss_module()
+    with pytest.warns(
+        CockpitWarning,
+        match=r"quantity 'grad_norm' failed at step 2 \(its schedule raised ValueError: "
+        r"schedule bug\); training continues and it keeps being tracked",
+    ):
+        for step in range(4):
+            x, y = problem.batch(step)
+            loss = loss_fn(model(x), y)
+            with cp(step, info={"loss": loss}):
+                loss.backward(retain_graph=cp.retain_graph(step))
+            model.zero_grad()
+    out = cp.get_output()
+    assert [("grad_norm" in out[s]) for s in range(4)] == [True, True, False, True]
+    assert all("loss" in out[s] for s in range(4))
+    (error,) = cp.errors
+    assert error["phase"] == "schedule" and error["step"] == 2 and error["quantity"] == "grad_norm"
+
+
+def test_a_raising_schedule_with_on_error_raise_stops_the_run():
+    from cockpit_core import Cockpit
+
+    model = torch.nn.Linear(2, 1)
+    cp = Cockpit(model.parameters(), ["grad_norm"], on_error="raise")
+    cp.quantities[0].schedule = _raising_schedule
+    with pytest.raises(ValueError, match="schedule bug"):
+        cp.retain_graph(2)
+
+
+class BrokenRequirements(Failing):
+    """Its ``requirements()`` raise once ``broken`` is set (after the Cockpit was built)."""
+
+    broken = False
+
+    def requirements(self):
+        if self.broken:
+            raise RuntimeError("requirements bug")
+        return super().requirements()
+
+
+def test_raising_requirements_at_a_step_are_recorded():
+    from cockpit_core import Cockpit
+
+    problem = tiny_mlp()
+    model = problem.make_model()
+    broken = BrokenRequirements(None)
+    cp = Cockpit(model.named_parameters(), [broken, "loss"])
+    broken.broken = True
+    loss_fn = problem.loss_module()
+    with pytest.warns(CockpitWarning, match=r"its requirements\(\) raised RuntimeError"):
+        for step in range(2):
+            x, y = problem.batch(step)
+            loss = loss_fn(model(x), y)
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+            model.zero_grad()
+    assert [e["phase"] for e in cp.errors] == ["requirements", "requirements"]
+    assert all("loss" in cp.get_output()[s] for s in range(2))
+
+
+def test_system_exit_from_a_quantity_does_not_end_the_run():
+    with pytest.warns(
+        CockpitWarning, match=r"quantity 'failing' failed at step 0 \(SystemExit: 3\)"
+    ):
+        result = run_cockpit(tiny_mlp(), [Failing(SystemExit(3)), "loss"], steps=3)
+    assert [e["error"] for e in result.cockpit.errors] == ["SystemExit: 3"] * 3
+    assert all("loss" in result.output[s] for s in range(3))
+
+
+def test_system_exit_is_reraised_with_on_error_raise():
+    with pytest.raises(SystemExit):
+        run_cockpit(tiny_mlp(), [Failing(SystemExit(3))], steps=1, on_error="raise")
+
+
+def test_keyboard_interrupt_is_never_contained():
+    with pytest.raises(KeyboardInterrupt):
+        run_cockpit(tiny_mlp(), [Failing(KeyboardInterrupt())], steps=1)
