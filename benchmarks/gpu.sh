@@ -10,7 +10,7 @@
 #    with the device tool: carry ["benchmarks/.whl", "benchmarks/.whl-ref"], timeout ~590 s.
 #    Results go to $OUT (if set) or benchmarks/results, as overhead_cuda.{json,md}.
 #
-# Defaults keep the run inside one 10-minute command: presets only, both problems, every
+# Defaults keep the run inside one 10-minute command: presets only, mlp and cnn, every
 # step and every 16th step, plus Cockpit 1.0.2 when its wheels are there. Pass options to
 # change that, e.g. `bash benchmarks/gpu.sh --configs presets,quantities --problems cnn`.
 # Environment: PYTHON (default python3), GPU_BENCH_MINUTES (default 8: no new
@@ -77,7 +77,7 @@ fi
 
 out_dir="${OUT:-benchmarks/results}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-PYTHONUNBUFFERED=1 "$PY" benchmarks/overhead.py --device "$DEVICE" --configs presets \
+PYTHONUNBUFFERED=1 "$PY" benchmarks/overhead.py --device "$DEVICE" --problems mlp,cnn --configs presets \
     --output-dir "$out_dir" --name "overhead_$DEVICE" --max-minutes "${GPU_BENCH_MINUTES:-8}" \
     --steps mlp=100,cnn=30 --plain-steps mlp=200,cnn=60 --periods mlp=4,cnn=3 \
     --reference-steps mlp=30,cnn=10 --reference-periods mlp=2,cnn=2 \

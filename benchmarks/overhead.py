@@ -1,14 +1,22 @@
-"""Overhead of cockpit over plain training, measured side by side (issue 7).
+"""Overhead of cockpit over plain training, measured side by side (issues 7 and 16).
 
-Runs plain training and every configuration (presets and single quantities, tracking every
-step and every 16th step) on two synthetic problems, each configuration in a fresh
-subprocess, alternating with plain runs (plain, config, plain, config, ..., plain), and
-reports step times and peak memory as ratios to the neighbouring plain runs. With
-``--reference-python`` it also runs Cockpit 1.0.2 on the same problems in the same run.
+Runs plain training and every configuration (presets, named quantity sets and single
+quantities, tracking every step and every 16th step) on synthetic problems (an MLP, a CNN
+and two GPT-style transformer classifiers), each configuration in a fresh subprocess,
+alternating with plain runs (plain, config, plain, config, ..., plain), and reports step
+times and peak memory as ratios to the neighbouring plain runs. On the transformers it
+also runs the peers for per-sample gradient norms (Opacus, ``torch.func`` vmap); with
+``--reference-python`` it also runs Cockpit 1.0.2 on the MLP and the CNN.
 
-    .venv/bin/python benchmarks/overhead.py --quick              # smoke run (~1-2 min)
+    .venv/bin/python benchmarks/overhead.py --quick              # smoke run
     .venv/bin/python benchmarks/overhead.py --reference-python /tmp/refvenv/bin/python
-                                                                 # full run (~18 min, 2 cores)
+                                                                 # full run (see README)
+
+Configuration names: presets, quantities, ``first_order`` (``SETS`` in
+``overhead_child.py``), the peers ``opacus``, ``opacus_plain``, ``vmap`` (``peers``: all
+three); ``NAME:backpack`` runs a preset or quantity on the path before issue 16 (the model
+not passed to the Cockpit: BackPACK computes every statistic); ``NAME@N`` runs it only
+tracking every N-th step.
 
 Results: ``benchmarks/results/<name>.json`` and ``<name>.md``. See ``benchmarks/README.md``.
 """
@@ -27,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from overhead_child import SETS
 from overhead_runs import (
     aggregate,
     drop_noisy,
@@ -39,24 +48,29 @@ from overhead_runs import (
 
 HERE = Path(__file__).resolve().parent
 PRESETS = ("economy", "business", "full")
-PROBLEMS = ("mlp", "cnn")
+PEERS = ("opacus", "opacus_plain", "vmap")  # norm_peers.PEERS (that module imports torch)
+CLASSIC = ("mlp", "cnn")  # the problems of issue 7; Cockpit 1.0.2 runs only on these
+TRANSFORMERS = ("tf-small", "tf-medium")  # overhead_problems.TRANSFORMERS
+PROBLEMS = CLASSIC + TRANSFORMERS
 DEFAULTS = {
-    "warmup": {"mlp": 5, "cnn": 2},
-    "steps": {"mlp": 50, "cnn": 5},
-    "periods": {"mlp": 3, "cnn": 2},
-    "plain_steps": {"mlp": 100, "cnn": 8},
-    "reference_steps": {"mlp": 30, "cnn": 3},
-    "reference_periods": {"mlp": 2, "cnn": 1},
+    "warmup": {"mlp": 5, "cnn": 2, "tf-small": 3, "tf-medium": 2},
+    "steps": {"mlp": 50, "cnn": 5, "tf-small": 30, "tf-medium": 6},
+    "periods": {"mlp": 3, "cnn": 2, "tf-small": 3, "tf-medium": 2},
+    "plain_steps": {"mlp": 100, "cnn": 8, "tf-small": 40, "tf-medium": 8},
+    "reference_steps": {"mlp": 30, "cnn": 3, "tf-small": 0, "tf-medium": 0},
+    "reference_periods": {"mlp": 2, "cnn": 1, "tf-small": 0, "tf-medium": 0},
 }
 QUICK = {
-    "warmup": {"mlp": 2, "cnn": 1},
-    "steps": {"mlp": 10, "cnn": 2},
-    "periods": {"mlp": 1, "cnn": 1},
-    "plain_steps": {"mlp": 30, "cnn": 3},
-    "reference_steps": {"mlp": 5, "cnn": 2},
-    "reference_periods": {"mlp": 1, "cnn": 1},
+    "warmup": {"mlp": 2, "cnn": 1, "tf-small": 1, "tf-medium": 1},
+    "steps": {"mlp": 10, "cnn": 2, "tf-small": 3, "tf-medium": 2},
+    "periods": {"mlp": 1, "cnn": 1, "tf-small": 1, "tf-medium": 1},
+    "plain_steps": {"mlp": 30, "cnn": 3, "tf-small": 5, "tf-medium": 2},
+    "reference_steps": {"mlp": 5, "cnn": 2, "tf-small": 0, "tf-medium": 0},
+    "reference_periods": {"mlp": 1, "cnn": 1, "tf-small": 0, "tf-medium": 0},
 }
-QUICK_CONFIGS = "economy,grad_norm"
+CONFIGS = "presets,quantities,economy:backpack"
+TRANSFORMER_CONFIGS = "economy,first_order,norm_test@1,peers"
+QUICK_CONFIGS = "economy,grad_norm,economy:backpack"
 
 
 def per_problem(text: str | None, default: dict[str, int]) -> dict[str, int]:
@@ -77,12 +91,21 @@ def per_problem(text: str | None, default: dict[str, int]) -> dict[str, int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--problems", default="mlp,cnn", help="comma list of mlp, cnn")
+    p.add_argument(
+        "--problems", default=",".join(PROBLEMS), help=f"comma list of {', '.join(PROBLEMS)}"
+    )
     p.add_argument(
         "--configs",
         default=None,
-        help="comma list of preset names, quantity names, 'presets' (economy, business, full)\n"
-        "and 'quantities' (every installed quantity); default: presets,quantities",
+        help="configurations on mlp and cnn: comma list of preset names, quantity names,\n"
+        "'presets' (economy, business, full), 'quantities' (every installed quantity),\n"
+        f"sets ({', '.join(SETS)}), peers ({', '.join(PEERS)}, 'peers'); NAME:backpack\n"
+        f"(the path before issue 16), NAME@N (only every N-th step); default: {CONFIGS}",
+    )
+    p.add_argument(
+        "--transformer-configs",
+        default=None,
+        help=f"configurations on the transformers (same syntax); default: {TRANSFORMER_CONFIGS}",
     )
     p.add_argument("--schedules", default="1,16", help="tracking intervals (default 1,16)")
     for key, helptext in (
@@ -96,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(
             "--" + key.replace("_", "-"),
             default=None,
-            help=f"{helptext}: N or mlp=N,cnn=M (default {DEFAULTS[key]})",
+            help=f"{helptext}: N or mlp=N,tf-small=M,... (default {DEFAULTS[key]})",
         )
     p.add_argument("--quick", action="store_true", help="smoke run: few steps and configs")
     p.add_argument(
@@ -117,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--reference-configs",
         default="presets",
-        help="configurations also run with the reference (default: presets)",
+        help="configurations also run with the reference, on mlp and cnn (default: presets)",
     )
     p.add_argument("--output-dir", default=str(HERE / "results"))
     p.add_argument("--name", default=None, help="file stem (default overhead, overhead_quick)")
@@ -163,7 +186,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise SystemExit(f"unknown problem {problem!r}: use {', '.join(PROBLEMS)}")
     args.schedules = [int(x) for x in args.schedules.split(",") if x.strip()]
     if args.configs is None:
-        args.configs = QUICK_CONFIGS if args.quick else "presets,quantities"
+        args.configs = QUICK_CONFIGS if args.quick else CONFIGS
+    if args.transformer_configs is None:
+        args.transformer_configs = TRANSFORMER_CONFIGS
     if args.name is None:
         args.name = "overhead_quick" if args.quick else "overhead"
     return args
@@ -181,25 +206,50 @@ def installed_quantities(python: str) -> tuple[list[str], dict[str, str], dict[s
     return names, plugins, failed
 
 
-def expand_configs(text: str, quantities: list[str]) -> list[tuple[str, str]]:
-    """``[("preset", "economy"), ("quantity", "alpha"), ...]`` from a comma list."""
-    out: list[tuple[str, str]] = []
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
+Config = tuple[str, str]  # (type: preset, set, quantity or peer; name, maybe NAME:backpack)
+
+
+def expand_configs(text: str, quantities: list[str]) -> list[tuple[Config, tuple[int, ...]]]:
+    """``[(("preset", "economy"), ()), (("quantity", "norm_test"), (1,)), ...]``.
+
+    The second element restricts the tracking intervals (``NAME@N``; empty: all); peers
+    always run every step.
+    """
+    out: list[tuple[Config, tuple[int, ...]]] = []
+    for raw in (x.strip() for x in text.split(",")):
+        if not raw:
             continue
+        item, _, every = raw.partition("@")
+        only = (int(every),) if every else ()
+        item, _, path = item.partition(":")
+        suffix = f":{path}" if path else ""
         if item == "presets":
-            out += [("preset", p) for p in PRESETS]
+            found = [("preset", p) for p in PRESETS]
         elif item == "quantities":
-            out += [("quantity", q) for q in quantities]
+            found = [("quantity", q) for q in quantities]
+        elif item == "peers":
+            found = [("peer", p) for p in PEERS]
         elif item in PRESETS:
-            out.append(("preset", item))
+            found = [("preset", item)]
+        elif item in SETS:
+            found = [("set", item)]
+        elif item in PEERS:
+            found = [("peer", item)]
         else:
-            out.append(("quantity", item))  # unknown names fail in the child and are recorded
-    seen: set[tuple[str, str]] = set()
-    return [c for c in out if not (c in seen or seen.add(c))]
+            found = [("quantity", item)]  # unknown names fail in the child and are recorded
+        for kind, name in found:
+            if kind == "peer":
+                if path:
+                    raise SystemExit(f"{raw!r}: peers have no {suffix} variant")
+                only = (1,)
+            out.append(((kind, name + suffix), only))
+    seen: set[Config] = set()
+    return [c for c in out if not (c[0] in seen or seen.add(c[0]))]
 
 
-def child_spec(args: argparse.Namespace, kind: str, problem: str, every: int, config=None) -> dict:
+def child_spec(
+    args: argparse.Namespace, kind: str, problem: str, every: int, config: Config | None = None
+) -> dict:
     spec: dict[str, Any] = {
         "kind": kind,
         "problem": problem,
@@ -211,15 +261,30 @@ def child_spec(args: argparse.Namespace, kind: str, problem: str, every: int, co
     }
     if kind == "plain":
         spec["steps"] = args.plain_steps[problem]
-    elif kind == "ours":
+    elif kind in ("ours", "peer"):
         spec["steps"] = args.steps[problem] if every == 1 else every * args.periods[problem]
     else:
         ref_steps, ref_periods = args.reference_steps[problem], args.reference_periods[problem]
         spec["steps"] = ref_steps if every == 1 else every * ref_periods
         spec["warmup"] = min(spec["warmup"], 2)
     if config is not None:
-        spec[config[0]] = config[1]
+        name, _, path = config[1].partition(":")
+        spec[config[0]] = name
+        if kind == "ours":
+            spec["path"] = path or "model"
     return spec
+
+
+def describe_problems(python: str) -> dict[str, dict]:
+    """Parameter counts, batch sizes and models of the problems (from the child module)."""
+    out = subprocess.run(
+        [python, str(HERE / "overhead_child.py"), "--describe"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(HERE),
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def machine_info(args: argparse.Namespace) -> dict:
@@ -287,27 +352,47 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # so that subprocess.run kills the running child
     started = time.perf_counter()
     names, plugins, failed_plugins = installed_quantities(args.python)
-    configs = expand_configs(args.configs, names)
+    problems_info = describe_problems(args.python)
+    for name in args.problems:
+        d = problems_info[name]
+        print(
+            f"[overhead] {name}: {d['model']}, {d['params']:,} parameters, batch {d['batch_size']}"
+        )
+    families = {
+        "classic": expand_configs(args.configs, names),
+        "transformer": expand_configs(args.transformer_configs, names),
+    }
     ref_configs = (
-        set(expand_configs(args.reference_configs, names)) if args.reference_python else set()
+        {c for c, _ in expand_configs(args.reference_configs, names)}
+        if args.reference_python
+        else set()
     )
     if args.reference_python and not Path(args.reference_python).exists():
         raise SystemExit(f"--reference-python {args.reference_python} does not exist")
 
     # The plan: for each unit, a plain run and then the unit; one last plain run per problem.
-    # Presets first (the targets), then single quantities; each reference run right after
-    # ours of the same configuration.
+    # Presets and sets first (the targets), then single quantities, then the peers; each
+    # reference run right after ours of the same configuration.
     plan: list[dict] = []
-    groups = [[c for c in configs if c[0] == "preset"], [c for c in configs if c[0] != "preset"]]
     for problem in args.problems:
+        configs = families["classic" if problem in CLASSIC else "transformer"]
+        groups = [
+            [c for c in configs if c[0][0] in ("preset", "set")],
+            [c for c in configs if c[0][0] == "quantity"],
+            [c for c in configs if c[0][0] == "peer"],
+        ]
         for group in groups:
             for every in args.schedules:
-                for config in group:
-                    for kind in ("ours", "reference"):
-                        if kind == "ours" or config in ref_configs:
-                            plan.append(
-                                {"kind": kind, "problem": problem, "every": every, "config": config}
-                            )
+                for config, only in group:
+                    if only and every not in only:
+                        continue
+                    kinds = ["peer"] if config[0] == "peer" else ["ours"]
+                    if problem in CLASSIC and config in ref_configs:
+                        kinds.append("reference")
+                    for kind in kinds:
+                        plan.append(
+                            {"kind": kind, "problem": problem, "every": every, "config": config}
+                        )
     partial = Path(args.output_dir) / f"{args.name}.partial.json"
     partial.parent.mkdir(parents=True, exist_ok=True)
     total_pairs = len(plan) + len(args.problems)
@@ -389,12 +474,14 @@ def main(argv: list[str] | None = None) -> int:
         "plugins": plugins,
         "failed_plugins": failed_plugins,
         "quantities_installed": names,
+        "problems": {p: problems_info[p] for p in args.problems},
         "reference_python": args.reference_python,
         "settings": {
             k: getattr(args, k)
             for k in (
                 "problems",
                 "configs",
+                "transformer_configs",
                 "schedules",
                 "seed",
                 "reference_configs",

@@ -1,14 +1,18 @@
 """One measured training run of the overhead benchmark, in a fresh process.
 
 ``overhead.py`` starts this module as ``python overhead_child.py SPEC_JSON`` once per
-configuration. It must run both in the project's environment (``kind`` ``plain`` or
-``ours``) and in a side environment holding Cockpit 1.0.2 (``kind`` ``reference``), so at
-module level it imports only the standard library. The last stdout line is the result:
-``@@RESULT@@ {json}``.
+configuration. It must run both in the project's environment (``kind`` ``plain``, ``ours``
+or ``peer``) and in a side environment holding Cockpit 1.0.2 (``kind`` ``reference``), so
+at module level it imports only the standard library. The last stdout line is the result:
+``@@RESULT@@ {json}``. ``python overhead_child.py --describe`` prints the problems' sizes.
 
-A spec (dict) holds: ``kind``, ``problem`` (``mlp``/``cnn``), ``device``, ``threads``,
-``seed``, ``warmup``, ``steps`` (measured), ``every`` (tracking interval), and for
-``ours``/``reference`` either ``preset`` or ``quantity``.
+A spec (dict) holds: ``kind``, ``problem`` (see ``overhead_problems.py``), ``device``,
+``threads``, ``seed``, ``warmup``, ``steps`` (measured), ``every`` (tracking interval), and
+for ``ours``/``reference`` one of ``preset``, ``set`` (a name of ``SETS``) or ``quantity``;
+for ``ours`` also ``path``: ``"model"`` (``Cockpit(model, ...)``, the recommended path) or
+``"backpack"`` (``Cockpit(model.named_parameters(), ...)``: the model unknown to cockpit,
+BackPACK computes every statistic, the path before issue 16); for ``peer`` the ``peer``
+name (``norm_peers.PEERS``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,15 @@ import traceback
 from typing import Any
 
 RESULT_TAG = "@@RESULT@@"
-BATCH_SIZE = 128
 N_BATCHES = 4  # distinct synthetic batches, cycled; generated before timing starts
 LEARNING_RATE = 0.01
+
+# Named quantity lists: "first_order" is every quantity of ``full`` that needs neither
+# curvature diagonals nor Hessian-vector products.
+SETS = {"first_order": ["economy", "grad_hist_2d"]}
+# Problems whose models are not extended for BackPACK on the recommended path (BackPACK
+# supports only their nn.Linear layers; module hooks serve every parameter).
+NOT_EXTENDED = ("tf-small", "tf-medium")
 
 # Our quantity names -> Cockpit 1.0.2 class names (cockpit.quantities.*).
 REFERENCE_CLASSES = {
@@ -54,40 +64,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def make_model(problem: str):
-    """``mlp``: Flatten + Linear(784, 10). ``cnn``: DeepOBS 3c3d for 3x32x32 inputs.
-
-    3c3d: conv 64 5x5 (valid) -> 28x28, max-pool 3/2 'same' -> 14, conv 96 3x3 (valid) ->
-    12, max-pool -> 6, conv 128 3x3 (padded) -> 6, max-pool -> 3, flatten 128*3*3 = 1152,
-    linear 512, 256, 10, ReLU after every conv and hidden linear layer. ``MaxPool2d(3, 2,
-    padding=1)`` gives the output sizes of TensorFlow's 'same' pooling used by DeepOBS.
-    """
-    from torch import nn
-
-    if problem == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), (1, 28, 28)
-    if problem == "cnn":
-        model = nn.Sequential(
-            nn.Conv2d(3, 64, 5),
-            nn.ReLU(),
-            nn.MaxPool2d(3, stride=2, padding=1),
-            nn.Conv2d(64, 96, 3),
-            nn.ReLU(),
-            nn.MaxPool2d(3, stride=2, padding=1),
-            nn.Conv2d(96, 128, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(3, stride=2, padding=1),
-            nn.Flatten(),
-            nn.Linear(1152, 512),
-            nn.ReLU(),
-            nn.Linear(512, 256),
-            nn.ReLU(),
-            nn.Linear(256, 10),
-        )
-        return model, (3, 32, 32)
-    raise ValueError(f"unknown problem {problem!r}: use 'mlp' or 'cnn'")
-
-
 def _find_hvp_count(value: Any) -> float | None:
     """An HVP count in a ``hess_max_ev`` output value (a key naming hvps or matvecs)."""
     if isinstance(value, dict):
@@ -116,15 +92,44 @@ class _Counter:
         setattr(cls, attr, wrapped)
 
 
+def _hvp_class() -> type | None:
+    """The core's Hessian-vector-product operator, wherever this version keeps it."""
+    import importlib
+
+    for module in ("cockpit_core.context", "cockpit_core.hvp"):
+        try:
+            cls = getattr(importlib.import_module(module), "HessianVectorProducts", None)
+        except ImportError:
+            continue
+        if cls is not None:
+            return cls
+    return None
+
+
+def _routes(cp, model, result: dict) -> None:
+    """What ``cp.check(model)`` says: per quantity how, per provider how many parameters.
+
+    Called after the measured steps: on a Cockpit that was not given the model, ``check``
+    reroutes to module hooks that are not installed, and later steps fail.
+    """
+    try:
+        report = cp.check(model)
+        result["routes"] = {r.quantity: r.how for r in report.rows}
+        result["params_served"] = {p.served: len(p.names) for p in report.params}
+    except Exception as err:  # informational only
+        result["routes_error"] = f"{type(err).__name__}: {err}"
+
+
 def _build_ours(spec: dict, model, result: dict):
     import cockpit_core
-    from cockpit_core.context import HessianVectorProducts
 
     registry = cockpit_core.default_registry()
     result["plugins"] = {p.distribution: p.version for p in registry.plugins if p.ok}
     every = int(spec["every"])
     if "preset" in spec:
         base = cockpit_core.resolve_quantities(spec["preset"], registry)
+    elif "set" in spec:
+        base = cockpit_core.resolve_quantities(SETS[spec["set"]], registry)
     else:
         base = cockpit_core.resolve_quantities([spec["quantity"]], registry)
     # Force the interval on every member (presets could carry their own schedules).
@@ -133,9 +138,13 @@ def _build_ours(spec: dict, model, result: dict):
         for q in base
     ]
     result["quantities"] = [q.key for q in quantities]
-    counter = _Counter(HessianVectorProducts, "__call__")
-    cp = cockpit_core.Cockpit(model.named_parameters(), quantities=quantities, registry=registry)
-    return cp, counter
+    hvp = _hvp_class()
+    counter = _Counter(hvp, "__call__") if hvp is not None else None
+    path = spec.get("path", "model")
+    if path not in ("model", "backpack"):
+        raise ValueError(f"unknown path {path!r}: use 'model' or 'backpack'")
+    params = model if path == "model" else model.named_parameters()
+    return cockpit_core.Cockpit(params, quantities=quantities, registry=registry), counter
 
 
 def _build_reference(spec: dict, model, result: dict):
@@ -190,9 +199,12 @@ def run(spec: dict) -> dict:
     torch.set_num_threads(int(spec["threads"]))
     result: dict[str, Any] = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     result["rss_after_torch_mb"] = peak_rss_mb()
-    if kind in ("plain", "ours"):
-        import cockpit_core  # plain imports it too, so import memory cancels in RSS ratios
+    if kind in ("plain", "ours", "peer"):
+        # plain and peers import cockpit, its plugins and BackPACK too, so that import memory
+        # cancels in RSS ratios
+        import cockpit_core
 
+        cockpit_core.default_registry()
         extend = cockpit_core.extend
     elif kind == "reference":
         import backpack
@@ -201,29 +213,36 @@ def run(spec: dict) -> dict:
         extend = backpack.extend
     else:
         raise ValueError(f"unknown kind {kind!r}")
+    from overhead_problems import get_problem, n_params
+
+    problem = get_problem(spec["problem"])
     result["rss_after_imports_mb"] = peak_rss_mb()
 
     torch.manual_seed(int(spec["seed"]))
-    model, shape = make_model(spec["problem"])
-    model = model.to(device)
+    model = problem.make_model().to(device)
+    result["n_params"] = n_params(model)
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(int(spec["seed"]) + 1)
-    batches = [
-        (
-            torch.randn(BATCH_SIZE, *shape, generator=gen).to(device),
-            torch.randint(0, 10, (BATCH_SIZE,), generator=gen).to(device),
-        )
-        for _ in range(N_BATCHES)
-    ]
-    cp = counter = None
-    if kind != "plain":
-        model, loss_fn = extend(model), extend(loss_fn)
+    batches = [tuple(t.to(device) for t in problem.make_batch(gen)) for _ in range(N_BATCHES)]
+    cp = counter = peer_step = None
+    if kind in ("ours", "reference"):
+        result["extended"] = kind == "reference" or spec["problem"] not in NOT_EXTENDED
+        if result["extended"]:
+            model, loss_fn = extend(model), extend(loss_fn)
         build = _build_ours if kind == "ours" else _build_reference
         cp, counter = build(spec, model, result)
+    elif kind == "peer":
+        from norm_peers import build_peer, import_peer
+
+        before = peak_rss_mb()
+        import_peer(spec["peer"])
+        result["rss_peer_imports_mb"] = peak_rss_mb() - before  # not counted in RSS ratios
+        model, peer_step = build_peer(spec["peer"], model, loss_fn, result)
     opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    norms: list = []
 
     def step_plain(step: int) -> None:
         x, y = batches[step % N_BATCHES]
@@ -238,7 +257,15 @@ def run(spec: dict) -> dict:
     def step_reference(step: int) -> None:
         tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step, reference=True)
 
-    train_step = {"plain": step_plain, "ours": step_ours, "reference": step_reference}[kind]
+    def step_peer(step: int) -> None:
+        norms[:] = [peer_step(batches[step % N_BATCHES], opt)]
+
+    train_step = {
+        "plain": step_plain,
+        "ours": step_ours,
+        "reference": step_reference,
+        "peer": step_peer,
+    }[kind]
     warmup, steps = int(spec["warmup"]), int(spec["steps"])
     result["rss_before_training_mb"] = peak_rss_mb()
     times = []
@@ -257,14 +284,18 @@ def run(spec: dict) -> dict:
     result["peak_rss_mb"] = peak_rss_mb()
     if cuda:
         result["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    if kind != "plain":
+    if kind in ("ours", "reference"):
         _summarize_tracking(spec, cp, counter, result)
+    if kind == "ours" and spec.get("path", "model") == "model":
+        _routes(cp, model, result)  # after training: on an unattached Cockpit check() reroutes
+    if norms and norms[0] is not None:  # the last step's per-sample norms, to compare peers
+        result["last_norms"] = [float(v) for v in norms[0]]
     if "torchvision" in sys.modules:
         result["torchvision_imported"] = True
     return result
 
 
-def _summarize_tracking(spec: dict, cp, counter: _Counter, result: dict) -> None:
+def _summarize_tracking(spec: dict, cp, counter: _Counter | None, result: dict) -> None:
     warmup, total, every = (
         int(spec["warmup"]),
         int(spec["warmup"]) + int(spec["steps"]),
@@ -272,9 +303,10 @@ def _summarize_tracking(spec: dict, cp, counter: _Counter, result: dict) -> None
     )
     # HVPs of the measured steps only (a warm-started eigensolver needs more at first)
     tracked = len([s for s in range(warmup, total) if s % every == 0])
-    measured = counter.count - result.get("hvps_warmup", 0)
-    result["hvps_total"] = counter.count
-    result["hvps_per_tracked_step"] = measured / tracked if tracked else None
+    if counter is not None:
+        measured = counter.count - result.get("hvps_warmup", 0)
+        result["hvps_total"] = counter.count
+        result["hvps_per_tracked_step"] = measured / tracked if tracked else None
     if spec["kind"] == "ours":
         output = cp.get_output()
         result["tracked_steps"] = len(output)
@@ -293,7 +325,27 @@ def _summarize_tracking(spec: dict, cp, counter: _Counter, result: dict) -> None
         result["errors"] = []
 
 
+def describe() -> dict[str, dict]:
+    """``{problem: {"params": n, "batch_size": B, "model": text}}`` of every problem."""
+    import torch
+    from overhead_problems import PROBLEMS, get_problem, n_params
+
+    out = {}
+    for name in PROBLEMS:
+        problem = get_problem(name)
+        torch.manual_seed(0)
+        out[name] = {
+            "params": n_params(problem.make_model()),
+            "batch_size": problem.batch_size,
+            "model": problem.description,
+        }
+    return out
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--describe"]:
+        print(json.dumps(describe()))
+        return 0
     spec = json.loads(argv[1])
     try:
         result = {"ok": True, **run(spec)}

@@ -7,6 +7,7 @@ the tracked steps (or a ``torch.profiler`` table with ``--torch``)::
     .venv/bin/python benchmarks/overhead_profile.py --problem cnn --config economy
     .venv/bin/python benchmarks/overhead_profile.py --problem mlp --config economy --steps 200
     .venv/bin/python benchmarks/overhead_profile.py --config economy --every 16 --no-profile
+    .venv/bin/python benchmarks/overhead_profile.py --problem tf-small --config first_order
 
 Plain steps (model not extended) run in the same process, alternating with the tracked
 ones, so the ratios printed are less sensitive to other processes than separate runs; the
@@ -28,13 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from overhead_child import (  # noqa: E402
-    BATCH_SIZE,
-    LEARNING_RATE,
-    N_BATCHES,
-    make_model,
-    tracked_step,
-)
+from overhead_child import LEARNING_RATE, N_BATCHES, NOT_EXTENDED, SETS, tracked_step  # noqa: E402
+from overhead_problems import PROBLEMS, get_problem  # noqa: E402
 
 import cockpit_core  # noqa: E402
 
@@ -42,8 +38,16 @@ import cockpit_core  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     """Parse the options, train, print timings and a profile."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--problem", default="cnn", choices=("mlp", "cnn"))
-    ap.add_argument("--config", default="economy", help="preset or comma list of quantities")
+    ap.add_argument("--problem", default="cnn", choices=PROBLEMS)
+    ap.add_argument(
+        "--config", default="economy", help=f"preset, set ({', '.join(SETS)}) or quantities"
+    )
+    ap.add_argument(
+        "--path",
+        default="model",
+        choices=("model", "backpack"),
+        help="Cockpit(model, ...) or Cockpit(model.named_parameters(), ...) (BackPACK only)",
+    )
     ap.add_argument("--every", type=int, default=1, help="tracking interval")
     ap.add_argument("--steps", type=int, default=6, help="measured steps")
     ap.add_argument("--warmup", type=int, default=2)
@@ -55,26 +59,26 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base, shape = make_model(args.problem)
-    plain_model = copy.deepcopy(base)
-    model = cockpit_core.extend(base)
-    loss_fn = cockpit_core.extend(torch.nn.CrossEntropyLoss())
-    plain_loss = torch.nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(1)
-    batches = [
-        (
-            torch.randn(BATCH_SIZE, *shape, generator=gen),
-            torch.randint(0, 10, (BATCH_SIZE,), generator=gen),
+    problem = get_problem(args.problem)
+    model = problem.make_model()
+    plain_model = copy.deepcopy(model)
+    loss_fn = plain_loss = torch.nn.CrossEntropyLoss()
+    if args.problem not in NOT_EXTENDED:
+        model, loss_fn = (
+            cockpit_core.extend(model),
+            cockpit_core.extend(torch.nn.CrossEntropyLoss()),
         )
-        for _ in range(N_BATCHES)
-    ]
+    gen = torch.Generator().manual_seed(1)
+    batches = [problem.make_batch(gen) for _ in range(N_BATCHES)]
     spec = args.config.split(",") if "," in args.config else args.config
+    spec = SETS.get(args.config, spec)
     registry = cockpit_core.default_registry()
     quantities = [
         type(q)(q.config.model_copy(update={"every": args.every, "offset": 0, "schedule": None}))
         for q in cockpit_core.resolve_quantities(spec, registry)
     ]
-    cp = cockpit_core.Cockpit(model.named_parameters(), quantities=quantities, registry=registry)
+    params = model if args.path == "model" else model.named_parameters()
+    cp = cockpit_core.Cockpit(params, quantities=quantities, registry=registry)
     opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     plain_opt = torch.optim.SGD(plain_model.parameters(), lr=LEARNING_RATE)
 

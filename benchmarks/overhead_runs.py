@@ -122,8 +122,10 @@ def summarize(unit: dict, plains: list[dict], threshold: float) -> dict:
     out["plain_step_ms"] = None if base is None else 1e3 * base
     out["time_ratio"] = None if base is None else step / base
     rss = [r["peak_rss_mb"] for r in plains if r.get("ok")]
+    # a peer's own imports (Opacus: ~110 MB) are left out: plain runs do not import it
+    peak = res["peak_rss_mb"] - res.get("rss_peer_imports_mb", 0.0)
     out["peak_rss_mb"] = res["peak_rss_mb"]
-    out["rss_ratio"] = res["peak_rss_mb"] / statistics.fmean(rss) if rss else None
+    out["rss_ratio"] = peak / statistics.fmean(rss) if rss else None
     if "cuda_peak_mb" in res:
         cuda = [r["cuda_peak_mb"] for r in plains if r.get("ok") and "cuda_peak_mb" in r]
         out["cuda_peak_mb"] = res["cuda_peak_mb"]
@@ -131,6 +133,9 @@ def summarize(unit: dict, plains: list[dict], threshold: float) -> dict:
     out["hvps_per_tracked_step"] = res.get("hvps_per_tracked_step")
     if "hess_max_ev_hvps_from_output" in res:
         out["hess_max_ev_hvps_from_output"] = res["hess_max_ev_hvps_from_output"]
+    for key in ("params_served", "extended", "last_norms", "opacus_fixed_modules"):
+        if key in res:
+            out[key] = res[key]
     out["errors"] = res.get("errors", [])
     if res.get("torchvision_imported"):
         out["errors"] = out["errors"] + ["torchvision was imported"]
@@ -209,5 +214,38 @@ def aggregate(sequence: list[dict], problems: list[str], threshold: float) -> di
                 if mine.get("time_ratio") and theirs and theirs.get("time_ratio"):
                     mine["vs_reference"] = mine["time_ratio"] / theirs["time_ratio"]
                     mine["vs_reference_raw"] = mine["step_ms"] / theirs["step_ms"]
-
+        _compare_paths(results[problem])
+        _compare_peers(results[problem])
     return results
+
+
+def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
+    if a and b and a.get(key) and b.get(key):
+        return a[key] / b[key]
+    return None
+
+
+def _compare_paths(configs: dict[str, Any]) -> None:
+    """``vs_backpack_path``: a configuration's time ratio over that of ``NAME:backpack``."""
+    for label, slot in configs.items():
+        old = configs.get(f"{label}:backpack", {}).get("ours", {})
+        for every, mine in slot.get("ours", {}).items():
+            value = _ratio(mine, old.get(every), "time_ratio")
+            if value is not None:
+                mine["vs_backpack_path"] = value
+
+
+def _compare_peers(configs: dict[str, Any]) -> None:
+    """Per-sample norms: ours (``norm_test``) over each peer, and the peers' norms vs vmap's."""
+    ours = configs.get("norm_test", {}).get("ours", {}).get("1")
+    vmap = configs.get("vmap", {}).get("peer", {}).get("1") or {}
+    for slot in configs.values():
+        peer = slot.get("peer", {}).get("1")
+        if not peer or not peer.get("ok"):
+            continue
+        if slot is not configs.get("opacus_plain"):  # that one computes no norms
+            peer["ours_over_peer"] = _ratio(ours, peer, "time_ratio")
+            peer["ours_over_peer_raw"] = _ratio(ours, peer, "step_ms")
+        mine, ref = peer.get("last_norms"), vmap.get("last_norms")
+        if mine and ref and len(mine) == len(ref) and peer is not vmap:
+            peer["norms_vs_vmap"] = max(abs(a - b) / abs(b) for a, b in zip(mine, ref) if b)

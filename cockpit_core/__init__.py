@@ -4,9 +4,9 @@ The core defines the quantity protocol, scheduling, caching and requirement merg
 quantities live in plugins found through the ``cockpit`` entry-point group.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata as _metadata
+from typing import Any
 
-from cockpit_core.backends.hooks import extend
 from cockpit_core.cache import Cache
 from cockpit_core.cockpit import Cockpit
 from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities
@@ -41,11 +41,37 @@ from cockpit_core.requirements import (
     per_sample_transform,
 )
 from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
+from cockpit_core.statistics.kinds import StatisticKind
+from cockpit_core.statistics.per_sample import (
+    ConvGrads,
+    DenseGrads,
+    EmbeddingGrads,
+    OuterProductGrads,
+    PerSampleGrads,
+)
+from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
 
 try:
-    __version__ = version("cockpit-core")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _metadata.version("cockpit-core")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    """``cockpit_core.extend``: BackPACK's ``extend``, from the cockpit-backpack plugin."""
+    if name == "extend":
+        try:
+            from cockpit_backpack import extend
+        except ImportError as err:
+            raise ImportError(
+                "cockpit_core.extend prepares a model for BackPACK and comes with the "
+                "cockpit-backpack distribution: pip install cockpit-backpack. Models need no "
+                "extend for the module-hook provider (cockpit-hooks): pass the model to "
+                "Cockpit(model, ...) or call cp.attach(model) (see docs/any_model.md)."
+            ) from err
+        return extend
+    raise AttributeError(f"module 'cockpit_core' has no attribute {name!r}")
+
 
 __all__ = [
     "BATCH_DOT",
@@ -58,6 +84,15 @@ __all__ = [
     "SUM_GRAD_SQUARED",
     "Cache",
     "Cockpit",
+    "Collection",
+    "ConvGrads",
+    "DenseGrads",
+    "EmbeddingGrads",
+    "OuterProductGrads",
+    "ParamSlot",
+    "PerSampleGrads",
+    "StatisticKind",
+    "StatisticProvider",
     "CockpitError",
     "CockpitWarning",
     "ConfigError",
@@ -81,7 +116,6 @@ __all__ = [
     "config_json_schema",
     "default_registry",
     "diag_ggn_mc",
-    "extend",
     "hookimpl",
     "load_config_file",
     "per_sample_projection",

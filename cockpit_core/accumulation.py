@@ -10,6 +10,10 @@ scaling of the accumulated batch) and combined like the statistics of processes 
 per-sample rows are concatenated, curvature diagonals (BackPACK computes them for the loss
 module's own mean, before the scaling) are weighted by ``B_k / B``, and
 ``BATCH_PROJECTION`` is projected on the accumulated gradient after the last backward.
+
+With a ``GradScaler`` (``info["grad_scaler"]`` given to ``cp(step, ...)``), each
+micro-batch backpropagates ``scaler.scale(loss_k)``; its statistics are unscaled like
+those of a single backward pass.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cockpit_core.distributed import rule
 from cockpit_core.errors import MisuseError
-from cockpit_core.projection import DeferredConcat, DeferredGrads
+from cockpit_core.mixed_precision import LossGradient
+from cockpit_core.statistics.combine import combine
 
 if TYPE_CHECKING:
     from cockpit_core.step import StepRun
@@ -48,14 +52,25 @@ def micro_batch(run: StepRun, info: dict[str, Any] | None) -> Iterator[None]:
     stats: dict = {}
     missing: dict = {}
     if merged.statistics:
-        ctx = run.cp._backend.collect(merged, run.batch_size, info={**run.info, **info})
+        ctx = run.cp._backend.collect(
+            merged,
+            run.batch_size,
+            info={**run.info, **info},
+            eager=False,
+            samples=_micro_size(info) or None,
+            loss_scale=run.loss_scale,
+        )
         stats, missing = ctx.__enter__()
+    probe = LossGradient(info.get("loss"))
+    run.loss_gradients.append(probe)
     try:
         yield
     except BaseException as err:
+        probe.close()
         if ctx is not None:
             ctx.__exit__(type(err), err, err.__traceback__)
         raise
+    probe.close()
     if ctx is not None:
         ctx.__exit__(None, None, None)
     share = _micro_size(info) / run.batch_size if _micro_size(info) else None
@@ -72,45 +87,29 @@ def _micro_size(info: dict[str, Any]) -> int:
 
 
 def _merge_stats(run: StepRun, stats: dict, missing: dict, share: float | None) -> None:
+    """Combine one micro-batch's statistics into the step's, by each kind's combine rule."""
     for key, message in missing.items():
         run.missing.setdefault(key, message)
     by_ident = {s.identity: s for s in run.merged.statistics}
     for ident, values in stats.items():
-        old = run.stats.get(ident)
         stat = by_ident[ident]
-        how = rule(stat)
-        if how == "mean":  # of the micro-batch's own mean loss: weight by its share
+        if stat.combine == "mean":  # of the micro-batch's own mean loss: weight by its share
             if share is None:
                 run.missing.setdefault(
                     ident, "pass info={'batch_size': ...} to each run.micro_batch()"
                 )
                 continue
             values = [None if v is None else v * share for v in values]
+        old = run.stats.get(ident)
         if old is None:
             run.stats[ident] = list(values)
             continue
-        if how is None and stat.kind != "batch_projection":
+        if stat.combine is None:
             run.missing.setdefault(
                 ident, f"{stat.describe()} cannot be combined across micro-batches."
             )
             continue
-        run.stats[ident] = [_combine(stat, how, a, b) for a, b in zip(old, values)]
-
-
-def _combine(stat: Any, how: str | None, a: Any, b: Any) -> Any:
-    if a is None or b is None:
-        return a if b is None else b
-    if stat.kind == "batch_projection":
-        parts = a.parts if isinstance(a, DeferredConcat) else [a]
-        return DeferredConcat([*parts, b] if isinstance(b, DeferredGrads) else [*parts, *b.parts])
-    if how == "gather":
-        return torch.cat([a, b])
-    if how in ("sum", "mean"):
-        k = stat.max_last
-        if k:
-            return torch.cat([a[:-k] + b[:-k], torch.maximum(a[-k:], b[-k:])])
-        return a + b
-    return b  # not combinable: the statistic is reported missing
+        run.stats[ident] = [combine(stat, a, b) for a, b in zip(old, values)]
 
 
 def _merge_info(total: dict[str, Any], info: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -11,9 +12,7 @@ from typing import Any
 import torch
 
 from cockpit_core import checks
-from cockpit_core.backends.attention import MathAttentionHooks
-from cockpit_core.backends.func import AttachedModel
-from cockpit_core.backends.routing import StatisticsRouter
+from cockpit_core.attention import MathAttentionHooks
 from cockpit_core.cache import Cache
 from cockpit_core.config import (
     QuantitySpec,
@@ -24,12 +23,13 @@ from cockpit_core.config import (
 from cockpit_core.coverage import CoverageReport, check_model
 from cockpit_core.distributed import Distributed, active_group, writes_here
 from cockpit_core.error_policy import ErrorPolicy
-from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError
+from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError, MisuseError
 from cockpit_core.log import LogWriter
 from cockpit_core.normalize import check_unique_keys, split_params
 from cockpit_core.planner import Planner
 from cockpit_core.quantity import Quantity
 from cockpit_core.registry import Registry, default_registry
+from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.step import StepRun
 
 Record = dict[str, Any]
@@ -41,14 +41,17 @@ class Cockpit:
 
     Args:
         params: The model's parameters: ``model.parameters()``, ``model.named_parameters()``
-            (names then appear in messages and logs) or the model itself.
+            (names then appear in messages and logs) or the model itself (then it is
+            attached: :meth:`attach` without a per-sample loss).
         quantities: A preset name (``"economy"``, ``"business"``, ``"full"``), or a list of
             quantity names, presets, option dicts (``{"name": "hess_max_ev", "every": 10}``),
             Quantity classes or instances.
         on_error: What to do when a quantity raises: ``"warn"`` (record the error, warn,
             keep tracking), ``"disable"`` (record, warn, stop tracking it) or ``"raise"``.
         debug: Print what is computed at each step.
-        log: Path of a JSON Lines log that receives each record as it is computed.
+        log: Path of a JSON Lines log that receives each record as it is computed; an
+            existing log is appended to as a new run (a torn last line is cut off first),
+            never truncated (``docs/log_format.md``).
         log_fsync_every: Seconds between fsyncs of the log (``0``: every record, ``None``:
             never); each record is flushed regardless, so a killed process loses nothing.
         sinks: More destinations for every record: names of sinks registered by plugins
@@ -57,12 +60,15 @@ class Cockpit:
         live_plot: Path of a dashboard picture refreshed every ``live_every`` steps while
             training runs (see :class:`cockpit_core.dashboard.LivePlot`).
         live_every: Steps between refreshes of ``live_plot``.
-        backend: Source of per-sample statistics: ``"auto"`` (BackPACK where it supports
-            the module, ``torch.func`` elsewhere once :meth:`attach` was called),
-            ``"backpack"`` or ``"func"`` (every parameter; needs :meth:`attach`). See
-            ``docs/any_model.md``.
+        backend: Which statistics providers compute the statistics: ``"auto"`` (for each
+            parameter and statistic the cheapest installed provider that supports it: module
+            hooks, then BackPACK, then ``torch.func``), a provider name (``"hooks"``,
+            ``"backpack"``, ``"func"``) or a list of names in order of preference. See
+            ``docs/any_model.md`` and ``docs/providers.md``.
         chunk_size: Samples per ``torch.func`` pass (bounds its memory; ``None``: the batch).
-        keep_in_memory: Keep values for :meth:`get_output`; ``False`` only streams them.
+        keep_in_memory: Keep values for :meth:`get_output`; ``False`` only streams them
+            (records the log cannot write yet, e.g. on a full disk, then exist only in its
+            bounded buffer).
         distributed: ``"auto"``: under ``torch.distributed`` with several processes, every
             quantity describes the global batch (see ``docs/distributed.md``); ``"off"``:
             each process reports its own mini-batch.
@@ -123,6 +129,7 @@ class Cockpit:
             _source,
         )
         self.registry = registry if registry is not None else default_registry()
+        model = params if isinstance(params, torch.nn.Module) else None
         self.params, self.param_names = split_params(params)
         self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
         check_unique_keys(self.quantities, _source)
@@ -148,12 +155,28 @@ class Cockpit:
         if self._log is not None:
             self.sinks.append(self._log)
         self.sinks.extend(extra_sinks)
-        self._backend = StatisticsRouter(self.params, self.param_names, backend, chunk_size)
+        try:
+            self._backend = StatisticsRouter(
+                self.params,
+                self.param_names,
+                {name: entry.cls for name, entry in self.registry.providers.items()},
+                backend,
+                {"chunk_size": chunk_size},
+            )
+        except ConfigError as err:
+            raise ConfigError(err.errors, _source) from None
+        if model is not None:
+            self._backend.attach(model)
+        self._warn_unprovided_kinds()
         self._attention_hooks: MathAttentionHooks | None = None
+        self._math_attention = False
         self._cache = Cache()
         self._output: dict[int, dict[str, Any]] = {}
         self._planner = Planner(self.quantities, self._backend)
         self._policy = ErrorPolicy(on_error, self._emit, self._planner, self._cache)
+        self._planner.report = self._policy.quantity_failed  # raising schedules, requirements
+        self._watch = checks.ParameterWatch(self.params, self.param_names)
+        self._batch_norm_checked = False
         self._last_step: int | None = None
         self._in_step = False
         self._info_checked = False
@@ -180,7 +203,9 @@ class Cockpit:
         else:
             data = dict(config)
         data.update(overrides)
-        settings = parse_settings(data, source)
+        settings = parse_settings(
+            data, source, registry if registry is not None else default_registry()
+        )
         return cls(
             params,
             settings.quantities,
@@ -261,17 +286,18 @@ class Cockpit:
     def attach(
         self,
         model: torch.nn.Module,
-        loss_fn: Callable[..., torch.Tensor],
+        loss_fn: Callable[..., torch.Tensor] | None = None,
         *,
         math_attention: bool = True,
     ) -> Cockpit:
-        """Register the model and its per-sample loss: per-sample statistics for any model.
+        """Register the model (and a per-sample loss): statistics for any model.
 
-        With them, per-sample statistics of parameters whose modules BackPACK does not
-        support (attention, LayerNorm, embeddings, custom modules; all parameters with
-        ``backend="func"``) are computed with ``torch.func`` after ``backward``. Pass the
-        batch at every step: ``info={"inputs": x, "targets": y, ...}``. See
-        ``docs/any_model.md``.
+        Knowing the model, cockpit routes each parameter to the cheapest provider that
+        supports its module: module hooks (``cockpit-hooks``: linear layers with any
+        leading dimensions, embeddings, normalization layers, convolutions, attention),
+        BackPACK, and ``torch.func`` for everything else. ``torch.func`` needs
+        ``loss_fn`` and the batch at every step: ``info={"inputs": x, "targets": y,
+        ...}``. ``cp.check(model)`` shows the routes. See ``docs/any_model.md``.
 
         Args:
             model: The module whose forward pass produced the loss; it must own every
@@ -279,7 +305,8 @@ class Cockpit:
             loss_fn: ``loss_fn(outputs, targets)`` on a batch returning the per-sample losses
                 ``[B]`` (e.g. ``torch.nn.CrossEntropyLoss(reduction="none")``) or their mean
                 (a mean-reduced loss evaluated on one sample is that sample's loss). Without
-                ``info["targets"]`` it is called as ``loss_fn(outputs)``.
+                ``info["targets"]`` it is called as ``loss_fn(outputs)``. Only the
+                ``torch.func`` provider needs it.
             math_attention: While a tracked quantity needs Hessian-vector products, run
                 the model's ``scaled_dot_product_attention`` in the math kernel (fused
                 kernels have no double backward).
@@ -287,13 +314,27 @@ class Cockpit:
         Returns:
             The Cockpit itself.
 
+        Raises:
+            MisuseError: ``model`` is not a module, does not own every tracked parameter,
+                or ``loss_fn`` is not callable.
+
         """
-        self._backend.attach(AttachedModel.build(model, loss_fn, self.params, self.param_names))
+        if not isinstance(model, torch.nn.Module):
+            raise MisuseError(
+                f"cp.attach(model, loss_fn) needs a torch.nn.Module, got {type(model).__name__}."
+            )
+        if loss_fn is not None and not callable(loss_fn):
+            raise MisuseError(
+                "cp.attach(model, loss_fn): loss_fn must be callable as loss_fn(outputs, "
+                "targets), e.g. torch.nn.CrossEntropyLoss(reduction='none')."
+            )
+        self._backend.attach(model, loss_fn)
+        self._planner.prepare(self._last_step + 1 if self._last_step is not None else 0)
         if self._attention_hooks is not None:
             self._attention_hooks.remove()
             self._attention_hooks = None
         uses_hvp = any(r.loss_graph for q in self.quantities for r in q.all_requirements())
-        self._backend.math_attention = math_attention
+        self._math_attention = math_attention
         if math_attention and uses_hvp:
             self._attention_hooks = MathAttentionHooks(model, lambda: not self._disabled_all_hvp())
         return self
@@ -307,10 +348,44 @@ class Cockpit:
     def check(self, model: torch.nn.Module) -> CoverageReport:
         """Report, per quantity, whether it can be computed for ``model``, how, and why not.
 
-        ``print(cp.check(model))`` before training shows e.g. which modules BackPACK does
-        not support for a statistic, so no step is wasted on quantities that cannot run.
+        ``print(cp.check(model))`` before training shows, per quantity, which providers
+        compute its statistics and, per parameter, why cheaper providers cannot (e.g. no
+        rule for its module), so no step is wasted on quantities that cannot run. If no
+        model was attached, ``model`` is attached (:meth:`attach` without a loss).
+        Per-sample quantities are unavailable while a tracked BatchNorm layer is in
+        training mode (per-sample gradients are not defined there).
         """
-        return check_model(self.quantities, model, self._backend)
+        if self._backend.model is not model:  # routing needs it; arm its providers too
+            self.attach(model, self._backend.loss_fn if self._backend.model is None else None)
+        report = check_model(self.quantities, model, self._backend, self._math_attention)
+        return self._refuse_batch_norm(report, model)
+
+    def _refuse_batch_norm(self, report: CoverageReport, model: torch.nn.Module) -> CoverageReport:
+        """Per-sample quantities are unavailable while tracked BatchNorm layers train."""
+        tracked = {id(p) for p in self.params}
+        modules = [
+            name or type(m).__name__
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+            and m.training
+            and any(id(p) in tracked for p in m.parameters(recurse=False))
+        ]
+        if not modules:
+            return report
+        per_sample = {
+            q.key
+            for q in self.quantities
+            if any(s.per_sample for r in q.all_requirements() for s in r.statistics)
+        }
+        why = f"BatchNorm module(s) {checks.names_text(modules)}: {checks.BATCH_NORM_REASON}"
+        hint = "Use GroupNorm/LayerNorm, or track these quantities with the model in eval mode."
+        rows = tuple(
+            dataclasses.replace(row, available=False, why=why, hint=hint)
+            if row.available and row.quantity in per_sample
+            else row
+            for row in report.rows
+        )
+        return dataclasses.replace(report, rows=rows)
 
     @property
     def errors(self) -> list[Record]:
@@ -319,7 +394,11 @@ class Cockpit:
 
     @property
     def skipped(self) -> list[Record]:
-        """Steps skipped because the loss or a gradient was not finite, and why."""
+        """Steps whose quantities did not run, and why.
+
+        A non-finite loss or gradient (also a ``GradScaler``'s overflow), or no
+        ``backward()`` inside the block.
+        """
         return self._policy.skipped
 
     def get_output(self) -> dict[int, dict[str, Any]]:
@@ -327,19 +406,21 @@ class Cockpit:
         return {s: dict(v) for s, v in sorted(self._output.items())}
 
     def write(self, path: str | Path) -> Path:
-        """Write one consolidated JSON file (header, values, errors); read it with ``read_log``."""
-        from cockpit_core.log import dumps
+        """Write one consolidated JSON file (header, values, errors); read it with ``read_log``.
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        The write is atomic: a temporary file in the same folder is written, flushed,
+        fsync-ed and renamed over ``path``, so a process killed meanwhile leaves the
+        previous file intact. Any value can be written (see ``docs/log_format.md``).
+        """
+        from cockpit_core.log import write_json_atomic
+
         payload = {
             "header": self.header(),
             "output": {str(s): v for s, v in self.get_output().items()},
             "errors": self.errors,
             "skipped": self.skipped,
         }
-        path.write_text(dumps(payload), encoding="utf-8")
-        return path
+        return write_json_atomic(path, payload)
 
     def close(self) -> None:
         """Flush and close the log and every sink that has a ``close()`` method."""
@@ -368,13 +449,36 @@ class Cockpit:
 
     # -- checks ---------------------------------------------------------------------------
 
+    def _warn_unprovided_kinds(self) -> None:
+        """Warn now about statistics that no installed provider computes at all."""
+        providers = self._backend.providers.values()
+        for q in self.quantities:
+            for stat in {
+                s.identity: s for r in q.all_requirements() for s in r.statistics
+            }.values():
+                if any(p.delivers(stat.kind) for p in providers):
+                    continue
+                hint = getattr(stat.kind, "install_hint", "")
+                warnings.warn(
+                    f"cockpit: no installed statistics provider computes {stat.describe()}, "
+                    f"which '{q.key}' needs; it will record an error at every tracked step."
+                    + (f" Hint: {hint}." if hint else ""),
+                    CockpitWarning,
+                    stacklevel=3,
+                )
+
     def _check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
         problems = []
         for q in quantities:
-            needed = set(q.required_info())
-            if any(s.per_sample for r in q.all_requirements() for s in r.statistics):
-                if "individual_losses" not in info:
-                    needed.add("batch_size")
+            try:
+                needed = set(q.required_info())
+                per_sample = any(s.per_sample for r in q.all_requirements() for s in r.statistics)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # plugin code: the planner records it when it plans the step
+                continue
+            if per_sample and "individual_losses" not in info:
+                needed.add("batch_size")
             for key in sorted(needed - set(info)):
                 problems.append(f"'{q.key}' needs info['{key}']")
         if problems:
@@ -405,3 +509,31 @@ class Cockpit:
                     CockpitWarning,
                     stacklevel=3,
                 )
+        if record.get("kind") != "values" or not isinstance(record.get("values"), dict):
+            return
+        from cockpit_core.log import unserializable_notes
+
+        step = record.get("step")
+        for key, value in record["values"].items():
+            notes = unserializable_notes(value)
+            if not notes:
+                continue
+            more = f"; and {len(notes) - 3} more" if len(notes) > 3 else ""
+            shown = "; ".join(notes[:3]) + more
+            error = {
+                "kind": "error",
+                "step": step,
+                "quantity": key,
+                "phase": "serialize",
+                "error": f"UnserializableValue: {shown}",
+                "traceback": [],
+            }
+            self._policy.errors.append(error)
+            self._emit(error)
+            self._policy.warn_once(
+                (key, "unserializable"),
+                f"the value of quantity '{key}' at step {step} cannot be logged as it is "
+                f"({shown}); training continues. The error (phase 'serialize') is in "
+                "cp.errors and the log; see docs/log_format.md for what can be logged.",
+                stacklevel=6,  # user's with block > StepRun.__exit__ > run_tasks > _emit
+            )

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cockpit_core.backends.backpack import BackpackBackend
-from cockpit_core.backends.routing import StatisticsRouter
 from cockpit_core.quantity import Quantity
+from cockpit_core.statistics.messages import name_list
+from cockpit_core.statistics.router import StatisticsRouter
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,9 @@ class CoverageRow:
     Attributes:
         quantity: Output key of the quantity.
         available: Whether it can be computed for the model.
-        how: Where its inputs come from (e.g. ``"BackPACK BatchGrad"``).
+        how: Which providers compute its statistics (e.g. ``"hooks; func for 'pos'"``).
         why: Why it is unavailable, or a caveat; empty if there is nothing to say.
-        hint: What to do instead (another option, backend or quantity); may be empty.
+        hint: What to do instead (another option, provider or quantity); may be empty.
 
     """
 
@@ -32,10 +32,38 @@ class CoverageRow:
 
 
 @dataclass(frozen=True)
+class ParamRoute:
+    """How a group of parameters gets the statistics the quantities request.
+
+    Attributes:
+        names: The parameters' names (they share their routes and reasons).
+        providers: For each requested kind, the provider serving it (``None``: none can).
+        reasons: ``(provider, reason)``: why each provider tried before the chosen one (of
+            those that compute the kind) cannot serve it.
+
+    """
+
+    names: tuple[str, ...]
+    providers: tuple[tuple[str, str | None], ...]
+    reasons: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def served(self) -> str:
+        """``"hooks"``, or ``"batch_l2, sum_grad_squared: hooks; diag_hessian: none"``."""
+        by_provider: dict[str | None, list[str]] = {}
+        for kind, provider in self.providers:
+            by_provider.setdefault(provider, []).append(kind)
+        if len(by_provider) == 1:
+            return next(iter(by_provider)) or "none"
+        return "; ".join(f"{', '.join(k)}: {p or 'none'}" for p, k in by_provider.items())
+
+
+@dataclass(frozen=True)
 class CoverageReport:
-    """The verdicts for all requested quantities."""
+    """The verdicts for all requested quantities, and the route of every parameter."""
 
     rows: tuple[CoverageRow, ...]
+    params: tuple[ParamRoute, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -52,70 +80,104 @@ class CoverageReport:
                 if extra:
                     line += f"\n{'':<{width}}  {'':<11}  {extra}"
             lines.append(line)
+        if self.params:
+            lines.append("")
+            lines.append(
+                "parameters: provider (and why the providers tried first cannot serve them)"
+            )
+            total = sum(len(p.names) for p in self.params)
+            for p in self.params:
+                lines.append(f"  {p.served}: {name_list(p.names, total, shown=6)}")
+                for provider, reason in p.reasons:
+                    lines.append(f"      not {provider}: {reason}")
         return "\n".join(lines)
 
 
-_HOW = {
-    "batch_l2": "BackPACK BatchGrad",
-    "sum_grad_squared": "BackPACK BatchGrad",
-    "batch_dot": "BackPACK BatchGrad",
-    "batch_projection": "BackPACK BatchGrad",
-    "grad_batch": "BackPACK BatchGrad",
-    "transform": "BackPACK BatchGrad",
-    "diag_hessian": "BackPACK DiagHessian",
-    "diag_ggn_exact": "BackPACK DiagGGNExact",
-    "diag_ggn_mc": "BackPACK DiagGGNMC",
-}
+def _summary(router: StatisticsRouter, kind: str) -> str:
+    """``"hooks; func for 'pos' (TinyTransformer)"``: the main provider, then the others."""
+    routes = [
+        (r.provider, slot)
+        for r, slot in zip(router.routes(kind), router.slots)
+        if r.provider is not None and slot.param.requires_grad
+    ]
+    if not routes:
+        return "no provider"
+    counts: dict[str, int] = {}
+    for provider, _ in routes:
+        counts[provider] = counts.get(provider, 0) + 1
+    main = max(counts, key=lambda n: counts[n])
+    parts = [main]
+    for provider in counts:
+        if provider != main:
+            labels = ", ".join(dict.fromkeys(s.label for p, s in routes if p == provider))
+            parts.append(f"{provider} for {labels}")
+    return "; ".join(parts)
 
 
 def check_model(
     quantities: list[Quantity],
     model: torch.nn.Module,
-    backend: BackpackBackend | StatisticsRouter,
+    router: StatisticsRouter,
+    math_attention: bool = False,
 ) -> CoverageReport:
     """Decide for each quantity whether its statistics can be computed for ``model``.
 
-    With a :class:`StatisticsRouter`, per-sample statistics count as available when the
-    ``torch.func`` path covers the modules BackPACK does not support (``cp.attach``).
+    ``router`` must have ``model`` attached (``Cockpit.check`` attaches it).
+
+    Args:
+        quantities: The quantities to check.
+        model: The model.
+        router: The Cockpit's statistics router.
+        math_attention: Whether cockpit runs the model's attention in the math kernel.
+
     """
+    if router.model is not model:
+        router.attach(model)  # a report on another model than the attached one
     has_attention = any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules())
     rows = []
+    kinds: dict[str, str] = {}
     for q in quantities:
         requirements = q.all_requirements()
         stats = {s.identity: s for r in requirements for s in r.statistics}.values()
         hows, problems, hints = [], [], []
         for stat in stats:
-            if isinstance(backend, StatisticsRouter):
-                how, problem, hint = backend.coverage(model, stat)
-                hows.append(how)
-                if problem:
-                    problems.append(problem)
-                    hints.append(hint)
-                continue
-            hows.append(_HOW[stat.kind])
-            bad = backend.unsupported_modules(model, stat)
-            if bad:
-                mods = ", ".join(f"'{n}' ({c})" for n, c in bad)
-                problems.append(f"{_HOW[stat.kind]} does not support {mods}")
+            kinds.setdefault(str(stat.kind), stat.kind)
+            hows.append(_summary(router, stat.kind))
+            _, problem = router.describe(stat)
+            if problem:
+                problems.append(problem)
+                if stat.kind in ("diag_hessian", "diag_ggn_exact", "diag_ggn_mc"):
+                    hints.append(
+                        "Quantities based on Hessian-vector products (hess_max_ev, "
+                        "hess_trace with method='hutchinson') work on any model."
+                    )
         caveat = ""
         if any(r.loss_graph for r in requirements):
             hows.append("autograd Hessian-vector products")
-            if has_attention and not _math_attention(backend, model):
+            if has_attention and not math_attention:
                 caveat = (
                     "nn.MultiheadAttention's fused CPU kernel has no double backward: run the "
-                    "forward pass under torch.nn.attention.sdpa_kernel(SDPBackend.MATH)."
+                    "forward pass under torch.nn.attention.sdpa_kernel(SDPBackend.MATH), or "
+                    "cp.attach(model, loss_fn)."
                 )
-        how = ", ".join(dict.fromkeys(hows)) or "no statistics beyond p.grad"
+        how = ", ".join(dict.fromkeys(h for h in hows if h != "no provider")) or (
+            "no statistics beyond p.grad" if not problems else "no provider"
+        )
         if problems:
             hint = " ".join(dict.fromkeys(h for h in hints if h))
             rows.append(CoverageRow(q.key, False, how, "; ".join(problems), hint))
         else:
             rows.append(CoverageRow(q.key, True, how, caveat))
-    return CoverageReport(tuple(rows))
+    return CoverageReport(tuple(rows), _param_routes(router, list(kinds.values())))
 
 
-def _math_attention(backend: object, model: torch.nn.Module) -> bool:
-    """Whether cockpit runs ``model``'s attention in the math kernel (attached model)."""
-    attached = getattr(backend, "attached", None)
-    on = getattr(backend, "math_attention", False)
-    return bool(on) and attached is not None and attached.model is model
+def _param_routes(router: StatisticsRouter, kinds: list) -> tuple[ParamRoute, ...]:
+    """Parameters grouped by their routes and the reasons of the providers tried first."""
+    groups: dict[tuple, list[str]] = {}
+    for i, slot in enumerate(router.slots):
+        if not slot.param.requires_grad or not kinds:
+            continue
+        served = tuple((str(kind), router.routes(kind)[i].provider) for kind in kinds)
+        reasons = tuple(dict.fromkeys(r for kind in kinds for r in router.reasons(kind, i)))
+        groups.setdefault((served, reasons), []).append(slot.name)
+    return tuple(ParamRoute(tuple(n), s, r) for (s, r), n in groups.items())

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cockpit_core.backends.hooks import extend
 from cockpit_core.cockpit import Cockpit
+from cockpit_core.testing.problems import extend
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,13 +69,15 @@ def run_demo(
     run = Path(out) if out is not None else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run.mkdir(parents=True, exist_ok=True)
     x, y = load_digits_tensors()
+    # module hooks compute the first-order statistics; BackPACK (when installed) the
+    # curvature diagonals of the business and full presets, which need extended modules
     model = extend(make_model())
     loss_fn = extend(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     quantities = (
         preset if "," not in preset else [q.strip() for q in preset.split(",") if q.strip()]
     )
-    cp = Cockpit(model.named_parameters(), quantities, log=run / "log.jsonl")
+    cp = Cockpit(model, quantities, log=run / "log.jsonl")
     gen = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
     for step in range(steps):

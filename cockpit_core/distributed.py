@@ -17,6 +17,7 @@ statistic                     combination across ranks
 ``per_sample_projection``     ``g_n . V_k(g)``, likewise (directions from the global ``g``)
 curvature diagonals           ``sum_r (B_r / N) diag_r`` (each is of a local mean loss)
 transforms                    as declared by ``per_sample_transform(reduce=...)``
+other kinds                   by the kind's ``combine`` rule
 ``BATCH_DOT``                 not combinable (needs other ranks' per-sample gradients)
 ``info["loss"]``              ``sum_r (B_r / N) loss_r``
 ``info["individual_losses"]`` concatenated;  ``info["batch_size"]``: ``N``
@@ -59,22 +60,6 @@ from cockpit_core.errors import CockpitWarning
 from cockpit_core.requirements import MergedRequirements, Statistic
 
 Stats = dict[tuple[str, str], list[Any]]
-
-_MEAN_KINDS = frozenset({"diag_hessian", "diag_ggn_exact", "diag_ggn_mc"})
-_GATHER_KINDS = frozenset({"batch_l2", "grad_batch", "batch_projection"})
-
-
-def rule(stat: Statistic) -> str | None:
-    """How ``stat`` combines across ranks: ``"sum"``, ``"mean"``, ``"gather"`` or ``None``."""
-    if stat.kind == "sum_grad_squared":
-        return "sum"
-    if stat.kind in _MEAN_KINDS:
-        return "mean"
-    if stat.kind in _GATHER_KINDS:
-        return "gather"
-    if stat.kind == "transform":
-        return stat.reduce
-    return None
 
 
 def active_group(mode: str) -> Any:
@@ -167,7 +152,7 @@ class StepSync:
         stats = {k: list(v) for k, v in stats.items()}
         missing = dict(missing)
         idents = [s.identity for s in merged.statistics]
-        rules = {s.identity: rule(s) for s in merged.statistics}
+        rules = {s.identity: s.combine for s in merged.statistics}
         by_ident = {s.identity: s for s in merged.statistics}
         for ident in idents:
             if rules[ident] is None and ident not in missing:
@@ -179,7 +164,7 @@ class StepSync:
         for ident in idents:
             meta.append(1 if ident in missing else 0)
             for v in stats.get(ident, [None] * nparams):
-                if ident[0] == "batch_projection":
+                if rules[ident] == "project":
                     meta.append(-1 if v is None else 1)
                 else:
                     meta.append(-1 if v is None else int(v.numel()))
@@ -205,7 +190,7 @@ class StepSync:
                         f"{who}; see the errors recorded there."
                     )
                 continue
-            if ident[0] == "batch_projection":
+            if rules[ident] == "project":
                 continue  # needs the global gradient: step 3
             plans[ident] = [
                 self._plan(buf, by_ident[ident], rules[ident], stats[ident][i], lengths[:, i], i)
@@ -229,9 +214,7 @@ class StepSync:
         for ident, per_param in plans.items():
             out[ident] = [None if p is None else p(reduced) for p in per_param]
         grads = self.gradient.read(reduced)
-        projections = [
-            by_ident[i] for i in idents if i[0] == "batch_projection" and i not in missing
-        ]
+        projections = [by_ident[i] for i in idents if rules[i] == "project" and i not in missing]
         if projections:
             out.update(self.gradient.project(projections, stats, grads, missing))
         new_info = dict(info)
@@ -321,4 +304,4 @@ def _not_combinable(stat: Statistic) -> str:
     )
 
 
-__all__ = ["Distributed", "StepSync", "active_group", "rule", "writes_here"]
+__all__ = ["Distributed", "StepSync", "active_group", "writes_here"]

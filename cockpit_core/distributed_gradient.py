@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from cockpit_core.projection import Deferred, failed_directions, project
+from cockpit_core.statistics.projection import Deferred, failed_directions, project
 
 
 @dataclass(frozen=True)

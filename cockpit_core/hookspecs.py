@@ -33,6 +33,9 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
+# -- what is tracked ------------------------------------------------------------------------
+
+
 @hookspec
 def register_quantities(register: Callable[[type], None]) -> None:
     """Register the quantity classes this plugin provides.
@@ -56,6 +59,9 @@ def register_presets(register: Callable[..., None]) -> None:
 
     Added in protocol version 1.
     """
+
+
+# -- where values go ------------------------------------------------------------------------
 
 
 @hookspec
@@ -89,11 +95,43 @@ def register_sinks(register: Callable[..., None]) -> None:
     """
 
 
+# -- where statistics come from -------------------------------------------------------------
+
+
+@hookspec
+def register_statistic_providers(register: Callable[[type], None]) -> None:
+    """Register statistics providers: sources of per-parameter statistics.
+
+    Call ``register(ProviderClass)`` once per class. The class must subclass
+    :class:`cockpit_core.StatisticProvider` with a unique snake_case ``name``; users select it
+    with ``backend="<name>"`` (or a list of names in order of preference), and with
+    ``backend="auto"`` the router prefers providers of lower ``cost``. See
+    ``docs/providers.md``.
+
+    Added in cockpit-core 0.2 (protocol version 1).
+    """
+
+
+@hookspec
+def register_statistic_kinds(register: Callable[[Any], None]) -> None:
+    """Register new kinds of statistics that quantities can request.
+
+    Call ``register(StatisticKind(name, per_sample=..., combine=..., ...))`` once per kind.
+    A per-sample kind declares ``from_per_sample(grads, statistic, param)``; every provider
+    that delivers per-sample gradients then computes it. The name must not collide with a
+    built-in kind or another plugin's.
+
+    Added in cockpit-core 0.2 (protocol version 1).
+    """
+
+
 HOOK_NAMES: tuple[str, ...] = (
     "register_quantities",
     "register_presets",
     "register_instruments",
     "register_sinks",
+    "register_statistic_providers",
+    "register_statistic_kinds",
 )
 """All hook names, in documentation order (meta-tests check docs and tests cover each)."""
 

@@ -1,56 +1,75 @@
-"""Which quantity phases run at a step, and whether its forward pass needs BackPACK's hooks."""
+"""Which quantity phases run at a step, and which providers must watch its forward pass."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
-from cockpit_core.backends import hooks
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import MergedRequirements, merge_requirements
+from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.step import Task
 
 
-class HookNeeds(Protocol):
-    """The part of a statistics backend the planner asks (see ``StatisticsRouter``)."""
-
-    def needs_hooks(self, merged: MergedRequirements) -> bool:
-        """Whether BackPACK's module hooks must see the forward pass of such a step."""
-
-
 class Planner:
-    """The tasks of each step, their merged requirements, and the BackPACK hooks to install.
+    """The tasks of each step, their merged requirements, and the providers to arm.
 
     Two-step quantities are *pending* between their start and end step; a quantity that
-    failed under ``on_error="disable"`` is *disabled*. After every step the planner
-    predicts the next one (the last step plus the last stride between steps) and keeps
-    BackPACK's hooks installed only if that step needs them (:mod:`cockpit_core.backends.hooks`).
+    failed under ``on_error="disable"`` is *disabled*. Providers that observe the forward
+    pass (module hooks, BackPACK) are armed only for forward passes whose backward is
+    tracked: after every step the planner predicts the next one (the last step plus the
+    last stride between steps) and arms them only if that step needs them.
+
+    Schedules (``Quantity.is_active``) and ``requirements()`` are plugin code: one that
+    raises is reported through :attr:`report` (the error policy) and the quantity does not
+    run at that step; the other quantities do.
 
     Args:
         quantities: The Cockpit's quantities.
-        backend: Tells which merged requirements need BackPACK's hooks.
+        router: The Cockpit's statistics router.
+
+    Attributes:
+        report: ``report(quantity, step, phase, error)``, called when a schedule or
+            ``requirements()`` raises (the Cockpit sets it to its error policy; by default
+            the error propagates).
 
     """
 
-    def __init__(self, quantities: Sequence[Quantity], backend: HookNeeds):
+    def __init__(self, quantities: Sequence[Quantity], router: StatisticsRouter):
         self.quantities = quantities
-        self.backend = backend
+        self.router = router
         self.pending: dict[str, int] = {}  # two-step quantity key -> start step
         self.disabled: set[str] = set()
         self._merged: dict[tuple, MergedRequirements] = {}
         self._planned: tuple[int, list[Task], MergedRequirements] | None = None
-        self._last: int | None = None  # the step that planned the hooks last
+        self._unsure = False  # the last tasks() call met a raising schedule
+        self._last: int | None = None  # the step that planned the forward pass last
         self._stride = 1
         self._follow_schedule = True
-        hooks.want(self, True)  # the first forward pass may come before any step
+        # every statistic any quantity may need: for the first forward pass (before any
+        # step), and after a forward pass the providers did not observe
+        self._everything = tuple(
+            {
+                s.identity: s
+                for q in quantities
+                for r in q.all_requirements()
+                for s in r.statistics
+            }.values()
+        )
+        router.arm(self._everything)
+        self.report: Callable[[Quantity, int, str, BaseException], None] = _reraise
 
     # -- tasks ------------------------------------------------------------------------------
 
-    def tasks(self, step: int) -> list[Task]:
-        """The quantity phases that run at ``step``, in the quantities' order."""
+    def tasks(self, step: int, predict: bool = False) -> list[Task]:
+        """The quantity phases that run at ``step``, in the quantities' order.
+
+        With ``predict`` (arming providers for a step that may not come), a raising
+        schedule is not reported; see :meth:`plan`.
+        """
         tasks = []
+        self._unsure = False
         for q in self.quantities:
             if q.key in self.disabled:
                 continue
@@ -58,17 +77,49 @@ class Planner:
                 start = self.pending.get(q.key)
                 if start is not None and start < step:
                     tasks.append(Task(q, "end", start))
-                if q.is_active(step):
+                if self._active(q, step, predict):
                     tasks.append(Task(q, "start", step))
-            elif q.is_active(step):
+            elif self._active(q, step, predict):
                 tasks.append(Task(q, "single", step))
-        return tasks
+        return [t for t in tasks if self._requirements_ok(t, step, predict)]
 
-    def plan(self, step: int) -> tuple[list[Task], MergedRequirements]:
-        """The tasks of ``step`` and their merged requirements (kept until a step ends)."""
+    def _active(self, q: Quantity, step: int, predict: bool) -> bool:
+        try:
+            return q.is_active(step)
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:  # a plugin's schedule must not stop training
+            self._unsure = True
+            if not predict:
+                self.report(q, step, "schedule", err)
+            return False
+
+    def _requirements_ok(self, task: Task, step: int, predict: bool) -> bool:
+        try:
+            task.requirements  # noqa: B018 - evaluated for its errors
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:
+            self._unsure = True
+            if not predict:
+                if task.phase == "end":
+                    self.pending.pop(task.quantity.key, None)
+                self.report(task.quantity, step, "requirements", err)
+            return False
+        return True
+
+    def plan(self, step: int, predict: bool = False) -> tuple[list[Task], MergedRequirements]:
+        """The tasks of ``step`` and their merged requirements (kept until a step ends).
+
+        A prediction (``predict``) in which some schedule raised is not kept, so that the
+        step itself evaluates it again and reports the error.
+        """
         if self._planned is None or self._planned[0] != step:
-            tasks = self.tasks(step)
-            self._planned = (step, tasks, self.merged_for(tasks))
+            tasks = self.tasks(step, predict)
+            planned = (step, tasks, self.merged_for(tasks))
+            if predict and self._unsure:
+                return planned[1], planned[2]
+            self._planned = planned
         return self._planned[1], self._planned[2]
 
     def merged_for(self, tasks: list[Task]) -> MergedRequirements:
@@ -85,43 +136,67 @@ class Planner:
             merged = self._merged[requests] = merge_requirements(requests)
         return merged
 
-    # -- BackPACK's hooks -----------------------------------------------------------------
+    # -- the forward pass -------------------------------------------------------------------
 
     def prepare(self, step: int) -> None:
-        """Install the hooks for the forward pass of ``step`` only if it needs them."""
-        needed = not self._follow_schedule or self.backend.needs_hooks(self.plan(step)[1])
-        hooks.want(self, needed)
+        """Arm the providers the forward pass of ``step`` needs, disarm the others."""
+        self.router.arm(
+            self._everything
+            if not self._follow_schedule
+            else self.plan(step, predict=True)[1].statistics
+        )
 
     def after_step(self, step: int) -> None:
-        """The step's quantities ran: prepare the hooks for the predicted next step."""
+        """The step's quantities ran: arm the providers for the predicted next step."""
         if self._last is not None and step > self._last:
             self._stride = step - self._last
         self._last = step
         self._planned = None  # the step's quantities changed what comes next
         self.prepare(step + self._stride)
 
-    def hooks_missed(self, step: int, merged: MergedRequirements, accumulate: bool) -> str | None:
-        """Install the hooks ``step`` needs; say why its statistics are lost if it is too late.
+    def forget(self) -> None:
+        """Plan the next step afresh (pending quantities or routes changed)."""
+        self._planned = None
 
-        Without ``accumulate`` the forward pass ran before ``with cp(step)``: if the hooks
-        were off, BackPACK saw nothing. They then stay installed for the rest of the run.
+    def unobserved(
+        self, step: int, merged: MergedRequirements, accumulate: bool, expected: bool = False
+    ) -> str | None:
+        """Arm what ``step`` needs; say why its statistics are lost if it is too late.
+
+        Without ``accumulate`` the forward pass ran before ``with cp(step)``: if a provider
+        that observes the forward pass was not armed, it saw nothing. Every provider then
+        stays armed for the rest of the run. ``expected``: parameters were just unfrozen
+        (already warned about), so providers missing them is no sign of uneven steps.
         """
-        if not self.backend.needs_hooks(merged) or hooks.installed() or not hooks.switchable():
+        late = self.router.unobserved(merged.statistics)
+        if not late:
             return None
-        hooks.want(self, True)
+        self.router.arm(merged.statistics)
         if accumulate:  # the micro-batches' forward passes come inside the block
             return None
+        if expected:
+            return (
+                "the forward pass of this step ran before the unfrozen parameters required "
+                "gradients, so the statistics providers did not observe it for them"
+            )
         self._follow_schedule = False
+        self.router.arm(self._everything)
         expected = None if self._last is None else self._last + self._stride
+        names = ", ".join(f"'{n}'" for n in late)
         message = (
-            f"the forward pass of step {step} ran without BackPACK's hooks: after step "
-            f"{self._last} the Cockpit expected step {expected}, which needs none. Call "
-            "cp.prepare(step) before the forward pass when step numbers are not evenly "
-            "spaced; the hooks now stay installed for the rest of the run"
+            f"the forward pass of step {step} ran while the statistics provider(s) {names} "
+            f"did not observe it: after step {self._last} the Cockpit expected step "
+            f"{expected}, which needs none. Call cp.prepare(step) before the forward pass "
+            "when step numbers are not evenly spaced; the providers now observe every "
+            "forward pass for the rest of the run"
         )
         warnings.warn(f"cockpit: {message}.", CockpitWarning, stacklevel=3)  # the with block
         return message
 
     def close(self) -> None:
-        """Stop asking for hooks (they are installed again unless another Cockpit objects)."""
-        hooks.withdraw(self)
+        """Disarm and close every provider."""
+        self.router.close()
+
+
+def _reraise(q: Quantity, step: int, phase: str, err: BaseException) -> None:
+    raise err

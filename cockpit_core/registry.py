@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 from collections.abc import Iterable
@@ -12,9 +13,17 @@ import pluggy
 
 from cockpit_core import plugins as _plugins
 from cockpit_core.dashboard.instrument import Instrument
-from cockpit_core.errors import DuplicateQuantityError, UnknownQuantityError
+from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
 from cockpit_core.plugins import PluginInfo
-from cockpit_core.quantity import Quantity, check_quantity_class
+from cockpit_core.quantity import (
+    NAME_PATTERN,
+    Quantity,
+    check_quantity_class,
+    loose_scalar_message,
+    validate_config,
+)
+from cockpit_core.statistics.kinds import BUILTIN_KINDS, StatisticKind
+from cockpit_core.statistics.provider import StatisticProvider
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,31 @@ class Preset:
 
 
 @dataclass(frozen=True)
+class ProviderEntry:
+    """A registered statistics provider class and where it comes from."""
+
+    cls: type[StatisticProvider]
+    distribution: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        """The provider name (``backend=...``)."""
+        return self.cls.name
+
+
+def check_provider_class(cls: Any) -> None:
+    """Raise ``TypeError`` with a fix if ``cls`` does not follow the provider protocol."""
+    if not (isinstance(cls, type) and issubclass(cls, StatisticProvider)):
+        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.StatisticProvider.")
+    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
+        raise TypeError(
+            f"{cls.__name__}.name = {cls.name!r} is not a valid provider name: use snake_case, "
+            "e.g. 'module_hooks'."
+        )
+
+
+@dataclass(frozen=True)
 class SinkEntry:
     """A registered sink factory (``register_sinks`` hook) and where it comes from."""
 
@@ -52,15 +86,53 @@ class SinkEntry:
     description: str
     distribution: str
 
-    def make(self, options: dict[str, Any] | None = None) -> Any:
-        """Build the sink, validating ``options`` against ``config`` when there is one."""
-        options = dict(options or {})
-        if self.config is not None:
-            from cockpit_core.quantity import validate_config
+    def validate(self, options: dict[str, Any], prefix: str | None = None) -> dict[str, Any]:
+        """Check ``options`` without building the sink; return them with defaults filled in.
 
-            options = validate_config(self.config, options, prefix=f"sinks.{self.name}")
-            options = options.model_dump()
-        return self.factory(**options)
+        With a ``config`` model the options are validated against it (numbers and booleans
+        strictly); without one they must fit the factory's signature.
+
+        Raises:
+            ConfigError: Every bad option, with its path (``<prefix>.<option>``).
+
+        """
+        prefix = prefix or f"sinks.{self.name}"
+        options = dict(options)
+        if self.config is None:
+            try:
+                inspect.signature(self.factory).bind(**options)
+            except TypeError as err:
+                raise ConfigError(
+                    [(prefix, f"invalid options for sink '{self.name}': {err}")]
+                ) from None
+            except ValueError:  # no introspectable signature: the factory decides
+                pass
+            return options
+        fields = getattr(self.config, "model_fields", {})
+        errors = []
+        for key, value in options.items():
+            message = loose_scalar_message(fields[key].annotation, value) if key in fields else None
+            if message is not None:
+                errors.append((f"{prefix}.{key}", message))
+        try:
+            validated = validate_config(self.config, options, prefix=prefix)
+        except ConfigError as err:
+            flagged = {path for path, _ in errors}
+            valid = ", ".join(fields) or "none"
+            for path, msg in err.errors:
+                key = path[len(prefix) + 1 :].split(".")[0]
+                if path in flagged:
+                    continue
+                if key in options and key not in fields:
+                    msg = f"unknown option of sink '{self.name}' (check the spelling; its options: {valid})"
+                errors.append((path, msg))
+        if errors:
+            raise ConfigError(errors)
+        return validated.model_dump()
+
+    def make(self, options: dict[str, Any] | None = None, prefix: str | None = None) -> Any:
+        """Build the sink, validating ``options`` first (see :meth:`validate`)."""
+        return self.factory(**self.validate(dict(options or {}), prefix))
 
 
 @dataclass
@@ -77,10 +149,20 @@ class Registry:
     conflicts: dict[str, DuplicateQuantityError] = field(default_factory=dict)
     instruments: dict[str, Instrument] = field(default_factory=dict)
     sinks: dict[str, SinkEntry] = field(default_factory=dict)
+    providers: dict[str, ProviderEntry] = field(default_factory=dict)
+    kinds: dict[str, StatisticKind] = field(default_factory=lambda: dict(BUILTIN_KINDS))
     extension_errors: dict[str, str] = field(default_factory=dict)
     plugins: list[PluginInfo] = field(default_factory=list)
     plugin_manager: pluggy.PluginManager = field(default_factory=_plugins.new_plugin_manager)
     _instrument_sources: dict[str, str] = field(default_factory=dict, repr=False)
+    _claimants: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    builtin: bool = field(default=True, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.builtin:  # the core's own plugin: the torch.func provider
+            from cockpit_core.statistics import builtin
+
+            self.add_plugin(builtin, name="core", distribution="cockpit-core", version=_version())
 
     @classmethod
     def from_entry_points(cls, group: str = _plugins.hookspecs.PROJECT_NAME) -> Registry:
@@ -128,6 +210,21 @@ class Registry:
 
         new_i: list[Instrument] = []
         new_s: list[SinkEntry] = []
+        new_prov: list[ProviderEntry] = []
+        new_k: list[StatisticKind] = []
+
+        def register_provider(pcls: type) -> None:
+            check_provider_class(pcls)
+            new_prov.append(ProviderEntry(pcls, info.distribution, info.version))
+
+        def register_kind(kind: StatisticKind) -> None:
+            if not isinstance(kind, StatisticKind):
+                raise TypeError(
+                    f"register_statistic_kinds: {kind!r} is not a cockpit_core.StatisticKind."
+                )
+            if not NAME_PATTERN.match(kind.name):
+                raise TypeError(f"statistic kind name {kind.name!r} is not snake_case.")
+            new_k.append(kind)
 
         def register_instrument(instrument: Instrument) -> None:
             if not isinstance(instrument, Instrument):
@@ -147,19 +244,25 @@ class Registry:
         try:
             self._call(info.name, "register_quantities", register=register_quantity)
             self._call(info.name, "register_presets", register=register_preset)
-        except Exception as err:
-            info.error = f"hook raised {type(err).__name__}: {err}"
+            self._call(info.name, "register_statistic_providers", register=register_provider)
+            self._call(info.name, "register_statistic_kinds", register=register_kind)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # SystemExit from a plugin must not end the program
+            info.error = f"hook raised {_plugins.describe_error(err)}"
             self.plugin_manager.unregister(name=info.name)
             return
         try:  # a broken panel or sink must not cost the user the plugin's quantities
             self._call(info.name, "register_instruments", register=register_instrument)
             self._call(info.name, "register_sinks", register=register_sink)
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:
             new_i.clear()
             new_s.clear()
             self.extension_errors[info.name] = (
                 f"'{info.name}' ({info.distribution}): register_instruments/register_sinks "
-                f"raised {type(err).__name__}: {err}; its panels and sinks are skipped, its "
+                f"raised {_plugins.describe_error(err)}; its panels and sinks are skipped, its "
                 "quantities still work."
             )
             warnings.warn(f"cockpit: plugin {self.extension_errors[info.name]}", stacklevel=2)
@@ -172,6 +275,25 @@ class Registry:
             if self._claim(preset.name, preset.distribution):
                 self.presets[preset.name] = preset
                 info.presets.append(preset.name)
+        for entry in new_prov:
+            if entry.name in self.providers:
+                owner = self.providers[entry.name].distribution
+                self.conflicts[f"provider:{entry.name}"] = DuplicateQuantityError(
+                    f"The statistics provider name '{entry.name}' is registered by both "
+                    f"'{owner}' and '{entry.distribution}'; the one of '{owner}' is used. "
+                    "Uninstall one of the two distributions, or ask one author to rename it."
+                )
+            else:
+                self.providers[entry.name] = entry
+                info.providers.append(entry.name)
+        for kind in new_k:
+            if kind.name in self.kinds:
+                self.conflicts[f"kind:{kind.name}"] = DuplicateQuantityError(
+                    f"The statistic kind '{kind.name}' registered by '{info.distribution}' "
+                    "already exists (a built-in kind or another plugin's); it is ignored."
+                )
+            else:
+                self.kinds[kind.name] = kind
         for instrument in new_i:
             if instrument.name in self.instruments:
                 self._other_conflict("instrument", instrument.name, info.distribution)
@@ -179,8 +301,9 @@ class Registry:
                 self.instruments[instrument.name] = instrument
                 self._instrument_sources[instrument.name] = info.distribution
         for sink in new_s:
+            info.sinks.append(sink.name)  # also when it conflicts: `cockpit plugins` shows both
             if sink.name in self.sinks:
-                self._other_conflict("sink", sink.name, info.distribution)
+                self._sink_conflict(sink.name, info.distribution)
             else:
                 self.sinks[sink.name] = sink
 
@@ -202,11 +325,45 @@ class Registry:
             f"author to rename the {kind}."
         )
 
-    def make_sink(self, spec: Any) -> Any:
+    def _sink_conflict(self, name: str, distribution: str) -> None:
+        """Remember that ``name`` is a sink of several distributions; using it then fails."""
+        claimants = self._claimants.setdefault(f"sink:{name}", [self.sinks[name].distribution])
+        claimants.append(distribution)
+        self.conflicts[f"sink:{name}"] = DuplicateQuantityError(
+            f"The sink name '{name}' is registered by {_both(claimants)}, so cockpit cannot "
+            "tell which one you mean. Uninstall one of the distributions (pip uninstall ...), "
+            "or ask one author to rename the sink."
+        )
+
+    def sink_entry(self, name: str) -> SinkEntry:
+        """Return the sink registered as ``name``.
+
+        Raises:
+            DuplicateQuantityError: Several installed distributions register ``name``.
+            UnknownQuantityError: With the closest installed sink name.
+
+        """
+        if f"sink:{name}" in self.conflicts:
+            raise self.conflicts[f"sink:{name}"]
+        if name not in self.sinks:
+            err = UnknownQuantityError(name, self.sinks, kind="sink")
+            err.message = err.message.replace(
+                "Run `cockpit quantities` to list them with their options.",
+                "Run `cockpit plugins` to list the installed sinks.",
+            )
+            raise err
+        return self.sinks[name]
+
+    def make_sink(self, spec: Any, path: str | None = None) -> Any:
         """Build a sink from a registered name, ``{"name": ..., **options}`` or a callable.
+
+        Args:
+            spec: The sink.
+            path: Field path of the entry for messages (default ``sinks.<name>``).
 
         Raises:
             UnknownQuantityError: No installed plugin registers a sink of that name.
+            DuplicateQuantityError: Several installed distributions register that name.
             ConfigError: The options are invalid (the message names each field).
 
         """
@@ -222,9 +379,7 @@ class Registry:
                 f"a sink is a registered name, a dict {{'name': ..., **options}} or a callable "
                 f"sink(record); got {spec!r}."
             )
-        if name not in self.sinks:
-            raise UnknownQuantityError(name, self.sinks, kind="sink")
-        return self.sinks[name].make(options)
+        return self.sink_entry(name).make(options, prefix=path)
 
     def _claim(self, name: str, distribution: str) -> bool:
         """Return whether ``name`` is free; otherwise remember the collision and skip it."""
@@ -235,9 +390,11 @@ class Registry:
             owner = self.presets[name].distribution
         if owner is None:
             return True
+        claimants = self._claimants.setdefault(name, [owner])
+        claimants.append(distribution)
         self.conflicts[name] = DuplicateQuantityError(
-            f"The name '{name}' is registered by both '{owner}' and '{distribution}'. "
-            "Uninstall one of the two distributions (pip uninstall ...), or ask one author "
+            f"The name '{name}' is registered by {_both(claimants)}. "
+            "Uninstall one of the distributions (pip uninstall ...), or ask one author "
             "to rename the quantity."
         )
         return False
@@ -280,6 +437,22 @@ class Registry:
     def names(self) -> list[str]:
         """Sorted quantity names."""
         return sorted(self.quantities)
+
+
+def _both(distributions: list[str]) -> str:
+    """``both 'a' and 'b'``, ``'a', 'b' and 'c'`` or ``'a' twice`` for a conflict message."""
+    unique = sorted(set(distributions))  # sorted: the message does not depend on load order
+    if len(unique) == 1:
+        return f"'{unique[0]}' more than once"
+    quoted = [f"'{d}'" for d in unique]
+    listing = ", ".join(quoted[:-1]) + f" and {quoted[-1]}"
+    return f"both {listing}" if len(unique) == 2 else listing
+
+
+def _version() -> str:
+    from cockpit_core import __version__
+
+    return __version__
 
 
 _DEFAULT: Registry | None = None

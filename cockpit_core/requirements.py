@@ -20,12 +20,28 @@ from typing import Any
 from torch import Tensor
 
 from cockpit_core.errors import RequirementConflictError
+from cockpit_core.statistics.kinds import (
+    BATCH_DOT_KIND,
+    BATCH_L2_KIND,
+    BATCH_PROJECTION_KIND,
+    BUILTIN_KINDS,
+    DIAG_GGN_EXACT_KIND,
+    DIAG_GGN_MC_KIND,
+    DIAG_HESSIAN_KIND,
+    GRAD_BATCH_KIND,
+    SUM_GRAD_SQUARED_KIND,
+    TRANSFORM_KIND,
+    StatisticKind,
+    resolve_kind,
+)
 
 TransformFn = Callable[[Tensor, Tensor], Tensor]
 """``fn(per_sample_grads, param) -> Tensor`` with ``per_sample_grads`` of shape ``[B, *param.shape]``."""
 
-FactoredTransformFn = Callable[[Any, Tensor], Tensor]
-"""``fn(factors, param) -> Tensor`` for factored per-sample gradients (see ``factored_fn``)."""
+FactoredTransformFn = Callable[[Any, Tensor], Any]
+"""``fn(per_sample_grads, param) -> Tensor`` on a factored
+:class:`~cockpit_core.statistics.per_sample.PerSampleGrads` (see ``factored_fn``); may
+return ``NotImplemented`` to fall back to ``fn`` on the materialized gradients."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +52,8 @@ class Statistic:
     ``options`` differ, the requesting quantities conflict.
 
     Attributes:
-        kind: What is computed (see the module-level constants).
+        kind: What is computed: a :class:`~cockpit_core.statistics.kinds.StatisticKind`
+            (a built-in kind may be given by its name).
         key: Distinguishes statistics of the same kind (used by transforms).
         options: Hyperparameters as sorted ``(name, value)`` pairs.
         fn: The function of a ``transform`` statistic.
@@ -51,7 +68,7 @@ class Statistic:
 
     """
 
-    kind: str
+    kind: StatisticKind | str
     key: str = ""
     options: tuple[tuple[str, Any], ...] = ()
     fn: TransformFn | None = field(default=None, compare=False, hash=False)
@@ -59,15 +76,27 @@ class Statistic:
     max_last: int = field(default=0, compare=False, hash=False)
     factored_fn: FactoredTransformFn | None = field(default=None, compare=False, hash=False)
 
+    def __post_init__(self) -> None:
+        resolved = resolve_kind(self.kind)
+        if resolved is not None:
+            object.__setattr__(self, "kind", resolved)
+
     @property
     def identity(self) -> tuple[str, str]:
         """``(kind, key)``: statistics with equal identity are computed once."""
-        return (self.kind, self.key)
+        return (str(self.kind), self.key)
 
     @property
     def per_sample(self) -> bool:
         """Whether the statistic is derived from per-sample gradients."""
-        return self.kind in PER_SAMPLE_KINDS
+        return isinstance(self.kind, StatisticKind) and self.kind.per_sample
+
+    @property
+    def combine(self) -> str | None:
+        """How values of disjoint sample sets combine: the kind's rule, or ``reduce``."""
+        if not isinstance(self.kind, StatisticKind):
+            return None
+        return self.reduce if self.kind.combine == "declared" else self.kind.combine
 
     def describe(self) -> str:
         """Readable form, e.g. ``diag_ggn_mc(mc_samples=1)``."""
@@ -77,26 +106,26 @@ class Statistic:
 
 
 #: Per-sample squared L2 norms ``||g_n||^2``, shape ``[B]``.
-BATCH_L2 = Statistic("batch_l2")
+BATCH_L2 = Statistic(BATCH_L2_KIND)
 #: Sum of squared per-sample gradients ``sum_n g_n * g_n``, shape of the parameter.
-SUM_GRAD_SQUARED = Statistic("sum_grad_squared")
+SUM_GRAD_SQUARED = Statistic(SUM_GRAD_SQUARED_KIND)
 #: Gram matrix of per-sample gradients ``g_n . g_m``, shape ``[B, B]``.
-BATCH_DOT = Statistic("batch_dot")
+BATCH_DOT = Statistic(BATCH_DOT_KIND)
 #: The per-sample gradients themselves, shape ``[B, *param.shape]`` (memory-hungry).
-GRAD_BATCH = Statistic("grad_batch")
+GRAD_BATCH = Statistic(GRAD_BATCH_KIND)
 #: Projections ``g_n . g`` of the per-sample gradients on the mini-batch gradient ``g``,
 #: shape ``[B]``. Computed after ``backward()`` returned, so under ``torch.distributed``
 #: ``g`` is the gradient of the global batch (unlike ``BATCH_DOT``, it can be aggregated).
-BATCH_PROJECTION = Statistic("batch_projection")
+BATCH_PROJECTION = Statistic(BATCH_PROJECTION_KIND)
 #: Diagonal of the Hessian of the mini-batch loss, shape of the parameter.
-DIAG_HESSIAN = Statistic("diag_hessian")
+DIAG_HESSIAN = Statistic(DIAG_HESSIAN_KIND)
 #: Diagonal of the generalized Gauss-Newton matrix of the mini-batch loss.
-DIAG_GGN_EXACT = Statistic("diag_ggn_exact")
+DIAG_GGN_EXACT = Statistic(DIAG_GGN_EXACT_KIND)
 
 
 def diag_ggn_mc(mc_samples: int = 1) -> Statistic:
     """Monte-Carlo estimate of the GGN diagonal from ``mc_samples`` sampled backward passes."""
-    return Statistic("diag_ggn_mc", options=(("mc_samples", int(mc_samples)),))
+    return Statistic(DIAG_GGN_MC_KIND, options=(("mc_samples", int(mc_samples)),))
 
 
 def per_sample_transform(
@@ -134,7 +163,7 @@ def per_sample_transform(
     if max_last and reduce != "sum":
         raise ValueError("max_last needs reduce='sum'.")
     return Statistic(
-        "transform",
+        TRANSFORM_KIND,
         key=key,
         fn=fn,
         reduce=reduce,
@@ -164,17 +193,10 @@ def per_sample_projection(key: str, directions: Callable[[Tensor, Tensor], Tenso
         A statistic whose value per parameter is ``[B, K]``.
 
     """
-    return Statistic("batch_projection", key=key, fn=directions, reduce="gather")
+    return Statistic(BATCH_PROJECTION_KIND, key=key, fn=directions, reduce="gather")
 
 
 REDUCTIONS = frozenset({None, "sum", "mean", "gather"})
-
-
-PER_SAMPLE_KINDS = frozenset(
-    {"batch_l2", "sum_grad_squared", "batch_dot", "batch_projection", "grad_batch", "transform"}
-)
-CURVATURE_KINDS = frozenset({"diag_hessian", "diag_ggn_exact", "diag_ggn_mc"})
-KNOWN_KINDS = PER_SAMPLE_KINDS | CURVATURE_KINDS
 
 
 @dataclass(frozen=True)
@@ -197,9 +219,10 @@ class Requirements:
         object.__setattr__(self, "statistics", tuple(self.statistics))
         object.__setattr__(self, "info", frozenset(self.info))
         for stat in self.statistics:
-            if stat.kind not in KNOWN_KINDS:
+            if not isinstance(stat.kind, StatisticKind):
                 raise ValueError(
-                    f"Unknown statistic kind {stat.kind!r}; known: {sorted(KNOWN_KINDS)}."
+                    f"Unknown statistic kind {str(stat.kind)!r}: give a StatisticKind object "
+                    f"(cockpit_core.StatisticKind) or a built-in name ({sorted(BUILTIN_KINDS)})."
                 )
             if stat.kind == "transform" and stat.fn is None:
                 raise ValueError(

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
+from cockpit_core import checks, mixed_precision
 from cockpit_core.context import HessianVectorProducts, StepContext, StepData
 from cockpit_core.errors import MisuseError
 from cockpit_core.normalize import to_serializable
-from cockpit_core.projection import resolve_projections
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import Requirements
+from cockpit_core.statistics.projection import resolve_projections
 
 if TYPE_CHECKING:
     from cockpit_core.cockpit import Cockpit
@@ -55,6 +59,11 @@ class StepRun:
     On entry it validates the step and ``info``, plans the step's tasks and, if statistics
     are needed, enters the backend so that the user's ``backward`` computes them. On exit
     it runs the quantities (unless the block raised) and frees every per-step buffer.
+
+    With ``info["grad_scaler"]`` (a ``torch.amp.GradScaler``) every statistic is of the
+    unscaled gradients (:mod:`cockpit_core.mixed_precision`). A step in which no tracked
+    parameter received a gradient, or whose gradients are not finite, is skipped with
+    the reason (``cp.skipped``).
     """
 
     def __init__(self, cockpit: Cockpit, step: int, info: dict[str, Any], accumulate: bool = False):
@@ -63,6 +72,9 @@ class StepRun:
         self._backend_ctx: contextlib.AbstractContextManager | None = None
         self.stats: dict = {}
         self.missing: dict = {}
+        self.scaler: Any = None
+        self.loss_scale = 1.0
+        self.loss_gradients: list[mixed_precision.LossGradient] = []
 
     def __enter__(self) -> StepRun:
         cp, step = self.cp, self.step
@@ -83,28 +95,76 @@ class StepRun:
                 "cp(step, accumulate=True) needs info={'batch_size': B} with B the number of "
                 "samples of all micro-batches together (on this process)."
             )
+        self.scaler = self.info.get("grad_scaler")
+        if self.scaler is not None:
+            mixed_precision.check_scaler(self.scaler)
+        self.loss_scale = mixed_precision.loss_scale(self.scaler)
         if not cp._info_checked and not self.accumulate:
             cp._check_info(self.info, cp.quantities)
             cp._info_checked = True
             cp._warn_misuse(self.info)
+        unfrozen = self._watch_parameters()
         self.tasks, self.merged = cp._planner.plan(step)
         if not self.accumulate:  # micro-batches bring loss and individual_losses later
             cp._check_info(self.info, [t.quantity for t in self.tasks])
         self.batch_size = int(self.info.get("batch_size") or 0)
-        self.hooks_missed = cp._planner.hooks_missed(step, self.merged, self.accumulate)
+        self.unobserved = cp._planner.unobserved(
+            step, self.merged, self.accumulate, expected=bool(unfrozen)
+        )
+        self._warn_batch_norm()
+        self.marks = gradient_marks(cp.params)
         if self.merged.statistics and not self.accumulate:
             batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
-            self._backend_ctx = cp._backend.collect(self.merged, int(batch_size), info=self.info)
+            self._backend_ctx = cp._backend.collect(
+                self.merged,
+                int(batch_size),
+                info=self.info,
+                eager=cp._dist is None,
+                loss_scale=self.loss_scale,
+            )
             self.stats, self.missing = self._backend_ctx.__enter__()
         self.sync = None
         if cp._dist is not None:  # torch.distributed: learn every process's batch size
             self.sync = cp._dist.begin(self.info, cp.params)
+        if not self.accumulate:  # the gradient backward sends into the loss: its scale
+            self.loss_gradients.append(mixed_precision.LossGradient(self.info.get("loss")))
         cp._in_step = True
         if cp.debug:
             names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
             stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
             print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}")
         return self
+
+    def _watch_parameters(self) -> list[int]:
+        """Warn (once each) about parameters frozen, unfrozen, reshaped or removed; return the unfrozen."""
+        cp, step, policy = self.cp, self.step, self.cp._policy
+        watch = cp._watch
+        frozen, unfrozen, reshaped = watch.changes()
+        if frozen:
+            policy.warn_once(("", "frozen"), watch.frozen_message(step, frozen), stacklevel=5)
+        if unfrozen:
+            policy.warn_once(("", "unfrozen"), watch.unfrozen_message(step, unfrozen), stacklevel=5)
+        if reshaped:
+            policy.warn_once(("", "reshaped"), watch.reshaped_message(step, reshaped), stacklevel=5)
+            policy.drop_pending(list(cp._planner.pending))
+            router = cp._backend
+            if router.model is not None:  # routes depend on the modules' shapes
+                router.attach(router.model, router.loss_fn)
+            cp._planner.forget()
+        removed = watch.removed(cp._backend.model)
+        if removed:
+            policy.warn_once(("", "removed"), watch.removed_message(step, removed), stacklevel=5)
+        return unfrozen
+
+    def _warn_batch_norm(self) -> None:
+        """At the first step with per-sample statistics: BatchNorm in training mode."""
+        cp = self.cp
+        if cp._batch_norm_checked or not any(s.per_sample for s in self.merged.statistics):
+            return
+        cp._batch_norm_checked = True
+        names = checks.batch_norm_in_training(cp._backend.model)
+        if names:
+            cp._policy.warn_once(("", "batch_norm"), checks.batch_norm_message(names), stacklevel=5)
 
     def micro_batch(self, info: dict[str, Any] | None = None) -> contextlib.AbstractContextManager:
         """Context around one micro-batch's ``backward()`` in a step with ``accumulate=True``.
@@ -119,13 +179,14 @@ class StepRun:
     def __exit__(self, exc_type, exc, tb) -> bool:
         cp = self.cp
         cp._in_step = False
+        seen = [g.close() for g in self.loss_gradients]
         try:
             if self._backend_ctx is not None:
                 self._backend_ctx.__exit__(exc_type, exc, tb)
         finally:
             self._backend_ctx = None
-        if self.hooks_missed is not None:
-            note = self.hooks_missed[0].upper() + self.hooks_missed[1:]
+        if self.unobserved is not None:
+            note = self.unobserved[0].upper() + self.unobserved[1:]
             for ident, reason in self.missing.items():
                 self.missing[ident] = f"{note} ({reason})"
         if exc_type is not None:
@@ -134,34 +195,168 @@ class StepRun:
             cp._planner.after_step(self.step)
             return False
         cp._last_step = self.step
-        if self.accumulate:
-            cp._check_info(self.info, [t.quantity for t in self.tasks])
-        hvp = None
-        if self.merged.loss_graph:
-            hvp = HessianVectorProducts(self.info.get("loss"), cp.params)
-        grads = None
-        if self.sync is not None:  # combine the processes' statistics: the global batch
-            self.info, self.stats, self.missing, grads, hvp = self.sync.finish(
-                self.info, self.stats, self.missing, self.merged, hvp
-            )
-        data = StepData(
-            self.step, self.info, cp.params, cp.param_names, self.stats, self.missing, hvp, grads
-        )
-        if self.sync is None and any(kind == "batch_projection" for kind, _ in self.stats):
-            declared = self.merged.statistics
-            resolve_projections(self.stats, data.grads, cp.params, declared, self.missing)
         try:
-            if self.tasks and not cp._policy.skip_nonfinite(
-                self.step, self.tasks, self.info, cp.params, cp.param_names
-            ):
-                run_tasks(cp, self.step, self.tasks, data)
+            self._finish(seen)
         finally:
-            data.release()
             self.stats = {}
             self.info = {}
             cp._cache.evict(self.step)
             cp._planner.after_step(self.step)  # hooks for the next forward pass, if it needs them
         return False
+
+    def _grad_factor(self) -> float:
+        """What ``p.grad`` is multiplied by now: the loss scale, unless already unscaled."""
+        if self.scaler is None or self.loss_scale == 1.0:
+            return 1.0
+        done = mixed_precision.grads_unscaled(self.scaler, self.info.get("optimizer"))
+        if done is None:
+            self.cp._policy.warn_once(
+                ("", "scaler state"),
+                f"cannot tell whether scaler.unscale_() ran inside `with cp({self.step}, ...)` "
+                f"(info['grad_scaler'] is a {type(self.scaler).__name__} without PyTorch's "
+                "per-optimizer state): cockpit assumes p.grad is still scaled. Call "
+                "scaler.unscale_(optimizer) only after the block.",
+                stacklevel=6,
+            )
+        return 1.0 if done else self.loss_scale
+
+    def _finish(self, seen: list[float | None]) -> None:
+        """After a block that did not raise: checks, the statistics' last steps, the quantities."""
+        cp, step = self.cp, self.step
+        if self.sync is None:
+            self._forgive_frozen()
+        factor = self._grad_factor()
+        self._check_per_sample_mean(factor)
+        self._check_loss_scale(seen)
+        if self.accumulate:
+            cp._check_info(self.info, [t.quantity for t in self.tasks])
+        if self.tasks and cp._dist is None and not gradients_changed(cp.params, self.marks):
+            cp._policy.skip(
+                step,
+                self.tasks,
+                f"no backward: {checks.no_backward_reason(step)}",
+                ("", "no backward"),
+                f"step {step} skipped: {checks.no_backward_reason(step)}. Call "
+                "loss.backward() inside the block; quantities would see zero or stale "
+                "gradients. Skipped steps are in cp.skipped and the log.",
+                stacklevel=5,
+            )
+            return
+        hvp = None
+        if self.merged.loss_graph:
+            hvp = HessianVectorProducts(self.info.get("loss"), cp.params, factor)
+        grads = None
+        data_factor = factor
+        if self.sync is not None:  # combine the processes' statistics: the global batch
+            self.info, self.stats, self.missing, grads, hvp = self.sync.finish(
+                self.info, self.stats, self.missing, self.merged, hvp
+            )
+            grads, data_factor = self._unscale_global(grads, factor), 1.0
+        data = StepData(
+            step,
+            self.info,
+            cp.params,
+            cp.param_names,
+            self.stats,
+            self.missing,
+            hvp,
+            grads,
+            data_factor,
+        )
+        try:
+            if self.sync is None and any(s.combine == "project" for s in self.merged.statistics):
+                declared = self.merged.statistics
+                resolve_projections(self.stats, data.grads, cp.params, declared, self.missing)
+            if self.tasks and not self._skip_nonfinite(factor):
+                run_tasks(cp, step, self.tasks, data)
+        finally:
+            data.release()
+
+    def _forgive_frozen(self) -> None:
+        """Frozen parameters get no statistics: not "missing" even if ``p.grad`` is a tensor."""
+        params = self.cp.params
+        if all(p.requires_grad for p in params):
+            return
+        for ident in list(self.missing):
+            row = self.stats.get(ident)
+            if row is not None and all(
+                v is not None or p.grad is None or not p.requires_grad for v, p in zip(row, params)
+            ):
+                del self.missing[ident]
+
+    def _skip_nonfinite(self, factor: float) -> bool:
+        cp = self.cp
+        enabled = self.scaler is not None and mixed_precision.enabled(self.scaler)
+        scale = self.loss_scale if enabled else None
+        if scale is not None and factor == 1.0 and self.loss_scale != 1.0:
+            # unscale_ ran inside the block: the scaler knows whether it found inf/NaN
+            if mixed_precision.found_inf(self.scaler, self.info.get("optimizer")):
+                cp._policy.skip_scaler_overflow(self.step, self.tasks, self.loss_scale)
+                return True
+        return cp._policy.skip_nonfinite(
+            self.step, self.tasks, self.info, cp.params, cp.param_names, scale
+        )
+
+    def _unscale_global(self, grads: list, factor: float) -> list:
+        """Under ``torch.distributed``: unscale the global gradient; drop scaled projections."""
+        if self.scaler is None or self.loss_scale == 1.0:
+            return grads
+        captured = not self.sync.shares.equal  # local gradients captured during backward
+        scale = self.loss_scale if captured else factor
+        if scale == 1.0:
+            return grads
+        for stat in self.merged.statistics:
+            if stat.combine == "project" and stat.identity in self.stats:
+                self.stats.pop(stat.identity)
+                self.missing.setdefault(
+                    stat.identity,
+                    f"{stat.describe()} projects on the global gradient, which is still scaled "
+                    "by the GradScaler here: under torch.distributed call "
+                    "scaler.unscale_(optimizer) inside the `with cp(...)` block, after "
+                    "backward(), with equal local batch sizes (docs/mixed_precision.md).",
+                )
+        return mixed_precision.unscaled(grads, scale)
+
+    def _check_loss_scale(self, seen: list[float | None]) -> None:
+        """Warn (once) if the loss was backpropagated with a scale cockpit was not told."""
+        for value in seen:
+            message = checks.scaled_loss(value, self.loss_scale, self.scaler is not None)
+            if message is not None:
+                self.cp._policy.warn_once(("", "loss scale"), message, stacklevel=6)
+                return
+
+    def _check_per_sample_mean(self, factor: float = 1.0) -> None:
+        """Warn (once) if ``p.grad`` is not the mean of the per-sample gradients."""
+        checked, cp = self.cp._backend.checked, self.cp
+        if checked is None or self._backend_ctx is not None:
+            return
+        index, ratio, residual = checked
+        cp._backend.checked = None
+        message = checks.per_sample_mismatch(
+            cp.param_names[index], ratio / factor, residual, self.batch_size
+        )
+        if message is not None:
+            cp._policy.warn_once(("", "per-sample mean"), message, stacklevel=6)
+
+
+def gradient_marks(params: Sequence[torch.Tensor]) -> list[tuple[Any, int] | None]:
+    """What each ``p.grad`` is now (a weak reference and its version), to see changes."""
+    marks: list[tuple[Any, int] | None] = []
+    for p in params:
+        g = p.grad
+        marks.append(None if g is None else (weakref.ref(g), g._version))
+    return marks
+
+
+def gradients_changed(params: Sequence[torch.Tensor], marks: list) -> bool:
+    """Whether some parameter's gradient was set or changed since :func:`gradient_marks`."""
+    for p, mark in zip(params, marks):
+        g = p.grad
+        if g is None:
+            continue
+        if mark is None or mark[0]() is not g or g._version != mark[1]:
+            return True
+    return False
 
 
 def run_tasks(cp: Cockpit, step: int, tasks: list[Task], data: StepData) -> None:
@@ -186,7 +381,11 @@ def run_tasks(cp: Cockpit, step: int, tasks: list[Task], data: StepData) -> None
                 state = cp._cache.pop(q.key, START_STATE)
                 del planner.pending[q.key]
                 value = q.compute_end(ctx, state)  # type: ignore[attr-defined]
-        except Exception as err:
+            if value is not None:
+                value = to_serializable(value)
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:  # SystemExit from a plugin must not end the run either
             if task.phase == "end":
                 planner.pending.pop(q.key, None)
             cp._policy.quantity_failed(q, step, task.phase, err)
@@ -195,7 +394,7 @@ def run_tasks(cp: Cockpit, step: int, tasks: list[Task], data: StepData) -> None
             ms = 1e3 * (time.perf_counter() - t0)
             print(f"[cockpit] step {step}: {q.key} ({task.phase}) {ms:.2f} ms")
         if value is not None:
-            values.setdefault(task.start_step, {})[q.key] = to_serializable(value)
+            values.setdefault(task.start_step, {})[q.key] = value
     for s, vals in sorted(values.items()):
         if cp.keep_in_memory:
             cp._output.setdefault(s, {}).update(vals)

@@ -1,9 +1,11 @@
 """Track a tiny transformer encoder classifier: per-sample statistics and curvature, no BackPACK.
 
-BackPACK supports none of the attention, LayerNorm and embedding parameters of a transformer.
-``cp.attach(model, loss_fn)`` lets cockpit compute their per-sample statistics with
-``torch.func`` (and run attention in the math kernel so that Hessian-vector products work).
-The model is not extended for BackPACK at all. Runs on a CPU in a few seconds::
+``cp.attach(model, loss_fn)`` tells cockpit the model: module hooks (``cockpit-hooks``)
+then compute the per-sample statistics of the embedding, attention, LayerNorm and linear
+parameters inside the training's own forward and backward pass, and ``torch.func``
+those of the learned positional embedding (a parameter the model uses directly, which no
+module hook sees); attention runs in the math kernel so that Hessian-vector products
+work. The model is not extended for BackPACK at all. Runs on a CPU in a few seconds::
 
     python examples/transformer.py
 """
@@ -46,7 +48,7 @@ def main() -> None:
             {"name": "hess_max_ev", "every": 10},
             {"name": "hess_trace", "method": "hutchinson", "every": 10},
         ],
-        backend="auto",  # BackPACK where the model is extended and supported, else torch.func
+        backend="auto",  # per parameter the cheapest provider: module hooks, else torch.func
         chunk_size=16,  # torch.func computes per-sample gradients of 16 samples at a time
     )
     cp.attach(model, per_sample_loss)
@@ -62,7 +64,7 @@ def main() -> None:
             "individual_losses": losses.detach(),
             "batch_size": BATCH,
             "optimizer": opt,
-            "inputs": x,  # the torch.func path recomputes per-sample gradients from these
+            "inputs": x,  # torch.func recomputes the positional embedding's from these
             "targets": y,
         }
         with cp(step, info=info):

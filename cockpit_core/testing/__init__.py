@@ -15,19 +15,29 @@ Typical plugin test::
             grads = per_sample_gradients(model, result.problem, snap.x, snap.y)
             ...  # compute the definition, compare with result.output[snap.step]["my_quantity"]
 
+Statistics providers have their own kit (``docs/providers.md``)::
+
+    from cockpit_core.testing import check_provider
+
+    def test_my_provider():
+        check_provider(MyProvider)
+
 Installing ``cockpit-core`` also registers a pytest plugin with the fixtures
 ``cockpit_tiny_mlp`` and ``cockpit_tiny_cnn``.
 """
 
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
 from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
+from cockpit_core.testing.providers import ProviderReport, check_provider
 from cockpit_core.testing.runner import RunResult, StepSnapshot, run_cockpit
 
 __all__ = [
     "ConformanceError",
     "Problem",
+    "ProviderReport",
     "RunResult",
     "StepSnapshot",
+    "check_provider",
     "check_quantity",
     "run_cockpit",
     "tiny_cnn",

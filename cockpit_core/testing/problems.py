@@ -8,7 +8,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from cockpit_core.backends.hooks import extend
+
+def extend(module: torch.nn.Module) -> torch.nn.Module:
+    """Prepare ``module`` for BackPACK if cockpit-backpack is installed, else return it as is.
+
+    Without a known model (``Cockpit(model.named_parameters(), ...)``) cockpit computes
+    per-sample statistics with BackPACK, and curvature diagonals always need it; modules
+    extended here work with it, and with every other provider once the model is known.
+    """
+    try:
+        from cockpit_backpack import extend as backpack_extend
+    except ImportError:
+        return module
+    return backpack_extend(module)
 
 
 @dataclass
@@ -44,7 +56,7 @@ class Problem:
         return self.inputs[idx], self.targets[idx]
 
     def loss_module(self) -> torch.nn.Module:
-        """The mean-reduced loss module, extended for BackPACK."""
+        """The mean-reduced loss module (extended for BackPACK when it is installed)."""
         mod = torch.nn.CrossEntropyLoss() if self.loss == "cross_entropy" else torch.nn.MSELoss()
         return extend(mod)
 

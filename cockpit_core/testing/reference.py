@@ -54,3 +54,38 @@ def split_like(vec: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch
     """Split a flat vector into pieces shaped like ``tensors``."""
     parts = torch.split(vec, [t.numel() for t in tensors])
     return [p.reshape(t.shape) for p, t in zip(parts, tensors)]
+
+
+def explicit_ggn(
+    model: torch.nn.Module, problem: Problem, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """The ``D x D`` generalized Gauss-Newton matrix of the mean mini-batch loss.
+
+    ``G = (1/B) sum_n J_n^T H_n J_n`` (Schraudolph, 2002, "Fast curvature matrix-vector
+    products for second-order gradient descent"), where ``J_n = d f(x_n) / d theta`` is the
+    ``[C, D]`` Jacobian of sample ``n``'s model output (one autograd call per output entry)
+    and ``H_n = d^2 l_n / d f^2`` the ``[C, C]`` Hessian of its loss w.r.t. that output
+    (``diag(p) - p p^T`` for cross-entropy). Its diagonal is what ``diag_ggn_exact``
+    denotes. Parameters in the order of ``model.parameters()`` (those requiring gradients).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    dim = sum(p.numel() for p in params)
+    ggn = torch.zeros(dim, dim, dtype=params[0].dtype)
+    for n in range(len(x)):
+        out = model(x[n : n + 1])
+        entries = out.reshape(-1)
+        rows = []
+        for c in range(entries.numel()):
+            grads = torch.autograd.grad(entries[c], params, retain_graph=True, allow_unused=True)
+            rows.append(
+                flat([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
+            )
+        jac = torch.stack(rows)  # [C, D]
+        target = y[n : n + 1]
+
+        def loss_of(f: torch.Tensor, shape=out.shape, target=target) -> torch.Tensor:
+            return problem.individual_losses(f.reshape(shape), target).sum()
+
+        loss_hessian = torch.autograd.functional.hessian(loss_of, entries.detach())
+        ggn += jac.T @ loss_hessian.to(jac.dtype) @ jac
+    return ggn / len(x)

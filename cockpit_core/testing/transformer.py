@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core.backends.hooks import extend
-from cockpit_core.testing.problems import Problem
+from cockpit_core.testing.problems import Problem, extend
 
 
 class TinyTransformer(torch.nn.Module):

@@ -29,6 +29,17 @@ QUANTITIES = [
 ]
 
 
+PROVIDERS = ("backpack", "hooks")
+"""How the Cockpit is built: ``backpack`` (no model given: BackPACK computes everything) or
+``hooks`` (the model given: module hooks compute the per-sample statistics, BackPACK only
+the curvature diagonals)."""
+
+
+def cockpit_params(model: torch.nn.Module, provider: str):
+    """What to pass to ``Cockpit(...)`` for ``provider`` (see :data:`PROVIDERS`)."""
+    return model if provider == "hooks" else model.named_parameters()
+
+
 def make_model(dtype: torch.dtype) -> torch.nn.Module:
     """A small CNN: conv(1->3, 3x3)-ReLU-maxpool-conv(3->4)-ReLU-flatten-linear(->5)."""
     torch.manual_seed(0)

@@ -1,7 +1,8 @@
 """One process of the DDP tests: trains a small CNN with a Cockpit and saves its output.
 
 Run as ``python _worker.py RANK WORLD PORT OUT_DIR``. It runs every configuration of
-``CONFIGS`` (dtype, local batch sizes) and writes ``OUT_DIR/rank{RANK}.pt``.
+``CONFIGS`` (dtype, local batch sizes) with each of ``PROVIDERS`` and writes
+``OUT_DIR/rank{RANK}.pt``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _problem import QUANTITIES, STEPS, batch, make_model  # noqa: E402
+from _problem import PROVIDERS, QUANTITIES, STEPS, batch, cockpit_params, make_model  # noqa: E402
 
 from cockpit_core import Cockpit, extend  # noqa: E402
 
@@ -39,7 +40,7 @@ def weighted_average_hook(weight: float):
     return hook
 
 
-def run(rank: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> dict:
+def run(rank: int, dtype: torch.dtype, sizes: tuple[int, ...], provider: str) -> dict:
     model = make_model(dtype)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     n = sum(sizes)
@@ -47,7 +48,7 @@ def run(rank: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> dict:
         ddp.register_comm_hook(None, weighted_average_hook(sizes[rank] / n))
     loss_fn = extend(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    cp = Cockpit(model.named_parameters(), QUANTITIES, on_error="raise")
+    cp = Cockpit(cockpit_params(model, provider), QUANTITIES, on_error="raise")
     lo = sum(sizes[:rank])
     for step in range(STEPS):
         x, y = batch(step, dtype)
@@ -63,13 +64,13 @@ def run(rank: int, dtype: torch.dtype, sizes: tuple[int, ...]) -> dict:
     return cp.get_output()
 
 
-def run_accumulated(rank: int, dtype: torch.dtype, micro: int) -> dict:
+def run_accumulated(rank: int, dtype: torch.dtype, micro: int, provider: str) -> dict:
     """Local batch 32 as micro-batches of ``micro``; DDP syncs only on the last one."""
     model = make_model(dtype)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     loss_fn = extend(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    cp = Cockpit(model.named_parameters(), QUANTITIES, on_error="raise")
+    cp = Cockpit(cockpit_params(model, provider), QUANTITIES, on_error="raise")
     local = 32
     for step in range(STEPS):
         x, y = batch(step, dtype)
@@ -122,9 +123,12 @@ def main() -> None:
     )
     try:
         results = {}
-        for name, sizes in CONFIGS:
-            results[(name, sizes)] = run(rank, getattr(torch, name), sizes)
-        results[("float64", "accumulate 2x16")] = run_accumulated(rank, torch.float64, 16)
+        for provider in PROVIDERS:
+            for name, sizes in CONFIGS:
+                results[(name, sizes, provider)] = run(rank, getattr(torch, name), sizes, provider)
+            results[("float64", "accumulate 2x16", provider)] = run_accumulated(
+                rank, torch.float64, 16, provider
+            )
         write_logs(rank, Path(out_dir))
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:

@@ -10,17 +10,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _problem import QUANTITIES, STEPS, batch, make_model  # noqa: E402
+from _problem import PROVIDERS, QUANTITIES, STEPS, batch, cockpit_params, make_model  # noqa: E402
 from test_ddp import ATOL_SCALE, RTOL, assert_same, single_process  # noqa: E402
 
 from cockpit_core import Cockpit, MisuseError, extend  # noqa: E402
 
 
-def accumulated(dtype: torch.dtype, micro: list[int]) -> dict:
+def accumulated(dtype: torch.dtype, micro: list[int], provider: str) -> dict:
     model = make_model(dtype)
     loss_fn = extend(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    cp = Cockpit(model.named_parameters(), QUANTITIES, on_error="raise")
+    cp = Cockpit(cockpit_params(model, provider), QUANTITIES, on_error="raise")
     for step in range(STEPS):
         x, y = batch(step, dtype)
         total = len(x)
@@ -40,10 +40,11 @@ def accumulated(dtype: torch.dtype, micro: list[int]) -> dict:
     return cp.get_output()
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("micro", [[16, 16, 16, 16], [40, 24]], ids=["4x16", "40+24"])
-def test_accumulated_micro_batches_equal_the_big_batch(micro):
-    expected = single_process(torch.float64)
-    actual = accumulated(torch.float64, micro)
+def test_accumulated_micro_batches_equal_the_big_batch(micro, provider):
+    expected = single_process(torch.float64)  # BackPACK for everything, one batch
+    actual = accumulated(torch.float64, micro, provider)
     assert_same(actual, expected, RTOL["float64"], "accumulated", ATOL_SCALE["float64"])
 
 

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _problem import QUANTITIES, STEPS, batch, make_model  # noqa: E402
+from _problem import PROVIDERS, QUANTITIES, STEPS, batch, make_model  # noqa: E402
 
 from cockpit_core import Cockpit, extend  # noqa: E402
 
@@ -121,24 +121,30 @@ def assert_same(actual, expected, rtol: float, path: str, atol_scale: float = 1e
         assert actual == expected, path
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("dtype,sizes", CONFIGS, ids=[f"{d}-{s[0]}/{s[1]}" for d, s in CONFIGS])
-def test_every_quantity_equals_one_process_on_the_global_batch(ddp_outputs, dtype, sizes):
-    expected = single_process(getattr(torch, dtype))
+def test_every_quantity_equals_one_process_on_the_global_batch(ddp_outputs, dtype, sizes, provider):
+    expected = single_process(getattr(torch, dtype))  # BackPACK for everything
     names = {q if isinstance(q, str) else q["name"] for q in QUANTITIES}
     assert names <= {k for v in expected.values() for k in v}, "reference misses quantities"
     for rank, outputs in enumerate(ddp_outputs):
         assert_same(
-            outputs[(dtype, sizes)], expected, RTOL[dtype], f"rank{rank}", ATOL_SCALE[dtype]
+            outputs[(dtype, sizes, provider)],
+            expected,
+            RTOL[dtype],
+            f"rank{rank}",
+            ATOL_SCALE[dtype],
         )
 
 
-def test_gradient_accumulation_with_no_sync_equals_one_process(ddp_outputs):
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_gradient_accumulation_with_no_sync_equals_one_process(ddp_outputs, provider):
     # each process: 32 samples as 2 micro-batches of 16, DDP's all-reduce only on the last
     # (no_sync() on the first); the accumulated global batch is the same 64 samples
     expected = single_process(torch.float64)
     for rank, outputs in enumerate(ddp_outputs):
         assert_same(
-            outputs[("float64", "accumulate 2x16")],
+            outputs[("float64", "accumulate 2x16", provider)],
             expected,
             RTOL["float64"],
             f"rank{rank}",

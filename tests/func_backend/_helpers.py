@@ -1,9 +1,10 @@
-"""Shared pieces of the torch.func backend tests: a per-sample-loop statistics source, a loop."""
+"""Shared pieces of the torch.func backend tests: a per-sample-loop reference, a training loop."""
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,11 +17,11 @@ from cockpit_core import (
     SUM_GRAD_SQUARED,
     Cockpit,
     Quantity,
+    Registry,
     Requirements,
     per_sample_transform,
 )
 from cockpit_core.testing.problems import Problem
-from cockpit_core.testing.reference import per_sample_gradients
 
 FIRST_ORDER = [
     "alpha",
@@ -59,38 +60,16 @@ class Recorder(Quantity):
         return 0.0
 
 
-class LoopBackend:
-    """Statistics from one autograd call per sample (the brute-force reference)."""
-
-    def __init__(self, cp: Cockpit, model: torch.nn.Module, problem: Problem):
-        self.cp, self.model, self.problem = cp, model, problem
-
-    def needs_hooks(self, merged) -> bool:
-        return False  # no BackPACK: the forward pass needs no hooks
-
-    @contextlib.contextmanager
-    def collect(self, merged, batch_size, info=None):
-        results = {s.identity: [None] * len(self.cp.params) for s in merged.statistics}
-        yield results, {}
-        grads = per_sample_gradients(self.model, self.problem, info["inputs"], info["targets"])
-        for stat in merged.statistics:
-            for i, (g, p) in enumerate(zip(grads, self.cp.params)):
-                flat = g.flatten(1)
-                if stat.kind == "batch_l2":
-                    value = (flat**2).sum(1)
-                elif stat.kind == "sum_grad_squared":
-                    value = (g**2).sum(0)
-                elif stat.kind == "batch_dot":
-                    value = flat @ flat.T
-                elif stat.kind == "batch_projection" and stat.fn is not None:
-                    value = flat @ stat.fn(p.grad, p.detach()).flatten(1).T  # [B, K]
-                elif stat.kind == "batch_projection":
-                    value = flat @ p.grad.flatten()
-                elif stat.kind == "grad_batch":
-                    value = g
-                else:
-                    value = stat.fn(g, p.detach())
-                results[stat.identity][i] = value
+def loop_registry() -> Registry:
+    """Every installed plugin plus the third-party test provider ``loop`` (tests/providers)."""
+    path = Path(__file__).resolve().parents[1] / "providers" / "loop_provider.py"
+    spec = importlib.util.spec_from_file_location("cockpit_test_loop_provider", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registry = Registry.from_entry_points()
+    info = registry.add_plugin(module, name="loop")
+    assert info.ok, info.error
+    return registry
 
 
 def train(
@@ -101,15 +80,16 @@ def train(
     attach: bool = True,
     **kwargs: Any,
 ) -> Cockpit:
-    """Train ``problem`` with a Cockpit; ``loop_reference`` swaps in :class:`LoopBackend`."""
+    """Train ``problem`` with a Cockpit; ``loop_reference`` computes every statistic with the
+    brute-force ``loop`` provider (one autograd call per sample, ``backend="loop"``)."""
     model = problem.make_model()
     loss_fn = problem.loss_module()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if loop_reference:
+        kwargs.update(backend="loop", registry=loop_registry())
     cp = Cockpit(model.named_parameters(), quantities, on_error="raise", **kwargs)
     if attach:
         cp.attach(model, problem.individual_losses)
-    if loop_reference:
-        cp._backend = LoopBackend(cp, model, problem)
     for step in range(steps):
         x, y = problem.batch(step)
         opt.zero_grad()

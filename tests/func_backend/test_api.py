@@ -55,7 +55,7 @@ def test_settings_are_validated_with_field_paths():
     with pytest.raises(ConfigError, match="chunk_size"):
         Cockpit(model.named_parameters(), ["loss"], chunk_size=0)
     cp = Cockpit.from_config({"backend": "func", "chunk_size": 2}, model.named_parameters())
-    assert cp._backend.mode == "func" and cp._backend.func.chunk_size == 2
+    assert cp._backend.order == ["func"] and cp._backend.providers["func"].chunk_size == 2
 
 
 def test_attach_rejects_a_model_that_does_not_own_the_parameters():
@@ -84,23 +84,31 @@ def test_check_reports_how_each_quantity_is_computed():
     model = problem.make_model()
     quantities = ["norm_test", "hess_max_ev", "tic_diag", "hess_trace"]
     cp = Cockpit(model.named_parameters(), quantities)
+    rows = {r.quantity: r for r in cp.check(model).rows}  # attaches the model, without a loss
+    assert not rows["norm_test"].available  # 'pos' needs torch.func, which needs the loss
+    assert "'pos' (hooks: no rule for TinyTransformer" in rows["norm_test"].why
+    assert "func: needs the model and a per-sample loss: call cp.attach(model, loss_fn)" in (
+        rows["norm_test"].why
+    )
+    assert rows["hess_max_ev"].why == ""  # attached: attention runs in the math kernel
+
+    cp.attach(model, problem.individual_losses, math_attention=False)
     rows = {r.quantity: r for r in cp.check(model).rows}
-    assert not rows["norm_test"].available
-    assert "cp.attach(model, loss_fn)" in rows["norm_test"].hint
-    assert "sdpa_kernel" in rows["hess_max_ev"].why  # not attached: a caveat
+    assert "sdpa_kernel" in rows["hess_max_ev"].why  # no math attention: a caveat
 
     cp.attach(model, problem.individual_losses)
     report = cp.check(model)
     rows = {r.quantity: r for r in report.rows}
     assert rows["norm_test"].available
-    assert rows["norm_test"].how.startswith("BackPACK BatchGrad, torch.func for")
-    assert "'encoder.self_attn' (MultiheadAttention)" in rows["norm_test"].how
+    assert rows["norm_test"].how == "hooks; func for 'TinyTransformer' (TinyTransformer)"
     assert rows["hess_max_ev"].available and rows["hess_max_ev"].why == ""
     for name in ("tic_diag", "hess_trace"):  # exact second-order diagonals: BackPACK only
         assert not rows[name].available
         assert "DiagHessian does not support" in rows[name].why
         assert "method='hutchinson'" in rows[name].hint
+        assert "pip install" not in rows[name].why  # BackPACK is installed
     assert "hint: " in str(report)
+    assert "func; diag_hessian: none: parameter(s) 'pos'" in str(report)
 
 
 def test_func_failure_is_reported_and_training_goes_on():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cockpit_core import BATCH_L2
 from cockpit_core.testing import tiny_cnn, tiny_mlp
 from cockpit_core.testing.reference import per_sample_gradients
 from cockpit_core.testing.transformer import tiny_transformer
@@ -59,15 +60,31 @@ def test_func_statistics_on_a_tiny_transformer(chunk_size):
     run_and_compare(tiny_transformer(extended=False), backend="func", chunk_size=chunk_size)
 
 
-def test_auto_mixes_backpack_and_func_on_an_extended_transformer():
+def test_backpack_and_func_mix_on_an_extended_transformer():
     problem = tiny_transformer(extended=True)
-    cp = train(problem, ["loss"], steps=1)
-    routes = dict(zip(cp.param_names, cp._backend.routes()))
+    backend = ["backpack", "func"]
+    cp = train(problem, ["loss"], steps=1, backend=backend)
+    routes = {
+        name: route.provider
+        for name, route in zip(cp.param_names, cp._backend.routes(BATCH_L2.kind))
+    }
     # BackPACK takes the extended nn.Linear layers, torch.func everything else
     assert routes["head.weight"] == routes["encoder.linear1.weight"] == "backpack"
     assert routes["encoder.self_attn.in_proj_weight"] == "func"
     assert routes["encoder.self_attn.out_proj.weight"] == "func"  # a Linear subclass
     assert routes["encoder.norm1.weight"] == routes["pos"] == routes["embed.weight"] == "func"
+    run_and_compare(problem, backend=backend)
+
+
+def test_auto_prefers_module_hooks_and_falls_back_to_func_only_for_pos():
+    problem = tiny_transformer(extended=True)
+    cp = train(problem, ["loss"], steps=1, backend="auto")
+    routes = {
+        name: route.provider
+        for name, route in zip(cp.param_names, cp._backend.routes(BATCH_L2.kind))
+    }
+    assert routes.pop("pos") == "func"
+    assert set(routes.values()) == {"hooks"}
     run_and_compare(problem, backend="auto")
 
 

@@ -56,11 +56,10 @@ def test_check_lists_per_quantity_how_and_why():
     report = cp.check(model)
     rows = {r.quantity: r for r in report.rows}
     assert not report.ok
-    assert not rows["needs_l2"].available
-    assert rows["needs_l2"].why == "BackPACK BatchGrad does not support '1' (LayerNorm)"
-    assert (
-        rows["needs_diag_h"].why
-        == "BackPACK DiagHessian does not support '1' (LayerNorm), '2' (GELU)"
+    assert rows["needs_l2"].available and rows["needs_l2"].how == "hooks"
+    assert rows["needs_diag_h"].why == (
+        "No installed provider computes diag_hessian for all 6 parameters (backpack: BackPACK "
+        "DiagHessian does not support '1' (LayerNorm), '2' (GELU))."
     )
     assert (
         rows["needs_hvp"].available and rows["needs_hvp"].how == "autograd Hessian-vector products"
@@ -68,6 +67,21 @@ def test_check_lists_per_quantity_how_and_why():
     assert rows["loss"].available and rows["loss"].how == "no statistics beyond p.grad"
     text = str(report)
     assert "needs_l2" in text and "UNAVAILABLE" in text
+    assert "  batch_l2: hooks; diag_hessian: none: all 6 parameters" in text
+
+
+def test_check_says_why_backpack_cannot_serve_a_parameter():
+    model = layernorm_model()
+    extend(model[0])
+    cp = Cockpit(model.named_parameters(), [NeedsL2()], backend="backpack")
+    row = cp.check(model).rows[0]
+    assert not row.available
+    assert row.why == (
+        "No installed provider computes batch_l2 for parameter(s) '1.weight', '1.bias' "
+        "(backpack: BackPACK BatchGrad does not support LayerNorm); parameter(s) "
+        "'3.weight', '3.bias' (backpack: the module is not extended "
+        "(cockpit_core.extend(model)))."
+    )
 
 
 def test_check_on_a_supported_model_is_ok():
@@ -131,3 +145,17 @@ def test_cockpit_check_cli(tmp_path, capsys):
     assert "has no function 'nope'" in capsys.readouterr().err
     assert main(["check", "no_such_module_xyz:f"]) == 1
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+def test_check_attaches_the_model_and_training_goes_on_without_errors():
+    """cp.check(model) attaches the model: its providers must observe the next steps."""
+    model = layernorm_model()
+    cp = Cockpit(model.named_parameters(), [NeedsL2()])
+    assert cp.check(model).ok  # LayerNorm: module hooks
+    for step in range(3):
+        x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+        model.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss, "batch_size": 5}):
+            loss.backward()
+    assert cp.errors == [] and set(cp.get_output()) == {0, 1, 2}

@@ -15,6 +15,7 @@ from cockpit_alpha._directions import UpdatePredictor, generic_direction
 from cockpit_alpha._fit import fit_quadratic, normalized_step
 from cockpit_core import (
     SUM_GRAD_SQUARED,
+    PerSampleGrads,
     QuantityConfig,
     Requirements,
     Statistic,
@@ -129,8 +130,8 @@ class Alpha(TwoStepQuantity):
 
     # -- projection directions (after backward) and transforms (must never raise) ---------
 
-    # A factored layer (linear: g_n = d_n a_n^T, convolution: g_n = D_n U_n^T) is projected
-    # without forming the per-sample gradients (factors.dot).
+    # A factored layer (linear: g_n = d_n a_n^T, convolution: g_n = D_n U_n^T, embedding
+    # rows) is projected without forming the per-sample gradients (grads.dot).
 
     def _start_directions(self, grad: Tensor, param: Tensor) -> Tensor:
         """``[3, *shape]``: the gradient, the parameters and the predicted update.
@@ -157,9 +158,9 @@ class Alpha(TwoStepQuantity):
             self._transform_error = err
             return per_sample.new_empty(0)
 
-    def _end_factored(self, factors: Any, param: Tensor) -> Tensor:
+    def _end_factored(self, grads: PerSampleGrads, param: Tensor) -> Tensor:
         try:
-            return factors.dot(self._update(param).reshape(1, *param.shape))[:, 0]
+            return grads.dot(self._update(param).reshape(1, *param.shape))[:, 0]
         except Exception as err:  # reported by compute_end; training goes on
             self._transform_error = err
             return param.new_empty(0)

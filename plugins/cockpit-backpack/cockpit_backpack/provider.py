@@ -1,97 +1,121 @@
-"""Per-sample statistics from BackPACK (Dangel et al., 2020, "BackPACK: Packing more into backprop").
+"""The ``backpack`` provider: statistics from BackPACK's extensions (Dangel et al., 2020).
+
+"BackPACK: Packing more into backprop" (ICLR 2020) extends ``backward()`` with
+first-order (``BatchGrad``: per-sample gradients) and second-order extensions
+(``DiagHessian``, ``DiagGGNExact``, ``DiagGGNMC``: curvature diagonals). The model and the
+loss module must be extended (:func:`cockpit_backpack.extend`).
 
 All statistics of a module's parameters are computed in BackPACK's ``extension_hook``,
 right after that module's backward pass, and BackPACK's save fields are deleted at once,
 so per-sample gradients of one layer are never alive together with those of the next.
+BackPACK scales per-sample gradients of a mean-reduced loss by ``1/B``; this provider
+undoes the scaling (``g_n`` is the gradient of sample ``n``'s own loss).
 
-BackPACK scales per-sample gradients of a mean-reduced loss by ``1/B``; this backend
-undoes the scaling, so statistics follow the convention of
-:mod:`cockpit_core.requirements` (``g_n`` is the gradient of sample ``n``'s own loss).
+Linear and Conv2d weights are kept in factored form
+(:class:`~cockpit_core.statistics.per_sample.OuterProductGrads`,
+:class:`~cockpit_core.statistics.per_sample.ConvGrads`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from typing import Any
 
 import torch
 from backpack import backpack
-from backpack.extensions import (
-    BatchGrad,
-    DiagGGNExact,
-    DiagGGNMC,
-    DiagHessian,
-)
+from backpack.extensions import BatchGrad, DiagGGNExact, DiagGGNMC, DiagHessian
 from backpack.extensions.firstorder.base import FirstOrderModuleExtension
 from torch import Tensor
 
-from cockpit_core.backends.conv_blocks import blocked_statistics
-from cockpit_core.backends.conv_grads import (
-    ConvWeightFactors,
-    DiagGGNConv2dFast,
-    DiagHConv2dFast,
-    UnfoldConv2d,
-)
-from cockpit_core.backends.per_sample import ConvGrads, FactoredLinearGrads, MaterializedGrads
-from cockpit_core.projection import DeferredGrads
-from cockpit_core.requirements import MergedRequirements, Statistic
+from cockpit_backpack import hook_switch as hooks
+from cockpit_backpack.conv2d import DiagGGNConv2dFast, DiagHConv2dFast, UnfoldConv2d
+from cockpit_backpack.guarded import guarded
+from cockpit_core.requirements import Statistic
+from cockpit_core.statistics.conv import ConvWeightFactors
+from cockpit_core.statistics.per_sample import ConvGrads, DenseGrads, OuterProductGrads
+from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
 
-# statistic kind -> BackPACK save field of the curvature extensions
-_CURVATURE_FIELDS = {
-    "diag_hessian": "diag_h",
-    "diag_ggn_exact": "diag_ggn_exact",
-    "diag_ggn_mc": "diag_ggn_mc",
+# statistic kind -> (BackPACK extension, save field)
+CURVATURE = {
+    "diag_hessian": (DiagHessian, "diag_h"),
+    "diag_ggn_exact": (DiagGGNExact, "diag_ggn_exact"),
+    "diag_ggn_mc": (DiagGGNMC, "diag_ggn_mc"),
 }
-_SAVE_FIELDS = ("grad_batch", *_CURVATURE_FIELDS.values())
+_SAVE_FIELDS = ("grad_batch", *(f for _, f in CURVATURE.values()))
 
 
-class BackpackBackend:
-    """Computes merged statistics with BackPACK extensions during ``backward``."""
+class BackpackProvider(StatisticProvider):
+    """Per-sample statistics (``BatchGrad``) and curvature diagonals from BackPACK."""
 
     name = "backpack"
+    cost = 5.0
+    description = "BackPACK extensions: per-sample gradients and curvature diagonals"
+    observes_forward = True
+    per_sample = True
+    kinds = frozenset(CURVATURE)
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], param_names: Sequence[str]):
-        self.params = list(params)
-        self.param_names = list(param_names)
+    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], options=None):
+        super().__init__(params, names, options)
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._batch_grad = BatchGrad()
         self._batch_grad.set_module_extension(torch.nn.Linear, _FactoredLinear(), overwrite=True)
         self._batch_grad.set_module_extension(torch.nn.Conv2d, UnfoldConv2d(), overwrite=True)
+        self._unsupported: dict[str, list[tuple[str, str]]] = {}
 
-    def extensions(self, merged: MergedRequirements) -> list:
-        """The BackPACK extensions that produce ``merged.statistics``."""
-        exts: list = []
-        # Every per-sample statistic is derived from BatchGrad, so a statistic has the same
-        # value whichever other quantities share the step.
-        if merged.per_sample:
-            exts.append(self._batch_grad)
-        for stat in merged.statistics:
-            if stat.kind == "diag_hessian":
-                exts.append(_guarded(DiagHessian, stat))
-                exts[-1].set_module_extension(torch.nn.Conv2d, DiagHConv2dFast(), overwrite=True)
-            elif stat.kind == "diag_ggn_exact":
-                exts.append(_guarded(DiagGGNExact, stat))
-            elif stat.kind == "diag_ggn_mc":
-                exts.append(_guarded(DiagGGNMC, stat, mc_samples=dict(stat.options)["mc_samples"]))
-            if stat.kind in ("diag_ggn_exact", "diag_ggn_mc"):
-                exts[-1].set_module_extension(torch.nn.Conv2d, DiagGGNConv2dFast(), overwrite=True)
-        return exts
+    # -- routing ------------------------------------------------------------------------
 
-    def per_sample_modules(self) -> set[type] | None:
-        """Module classes whose parameters get per-sample statistics (``None``: cannot tell)."""
-        return _supported_modules(self._batch_grad)
+    def attach(self, model: torch.nn.Module, loss_fn: Any = None) -> None:  # noqa: D102
+        super().attach(model, loss_fn)
+        self._unsupported = {}
 
-    def unsupported_modules(
-        self, model: torch.nn.Module, statistic: Statistic
-    ) -> list[tuple[str, str]]:
-        """``(module name, class name)`` of modules for which ``statistic`` cannot be computed.
+    def supports(self, slot: ParamSlot, kind: Any) -> str | None:
+        """Per-sample kinds on extended modules that ``BatchGrad`` supports.
+
+        BatchNorm in training mode is refused (its per-sample gradients are not defined;
+        BackPACK would only warn).
+
+        Curvature diagonals need every module of the model supported by the extension.
+        Without a known model every parameter is accepted: BackPACK's hooks find the
+        modules during ``backward`` (and what they miss is reported then).
+        """
+        if kind.per_sample:
+            if slot.module is None:
+                return None  # no model known: BackPACK's hooks find the modules
+            if slot.shared:
+                return "the parameter is registered by several modules (tied weights)"
+            if (
+                isinstance(slot.module, torch.nn.modules.batchnorm._BatchNorm)
+                and slot.module.training
+            ):
+                return (
+                    "in training mode BatchNorm mixes the samples of a batch, so per-sample "
+                    "gradients are not defined"
+                )
+            supported = _supported_modules(self._batch_grad) or set()
+            if type(slot.module) not in supported:
+                return f"BackPACK BatchGrad does not support {type(slot.module).__name__}"
+            if not getattr(slot.module, hooks.EXTENDED_FLAG, False):
+                return "the module is not extended (cockpit_core.extend(model))"
+            return None
+        if slot.module is None or self.model is None:
+            return None
+        if kind not in self._unsupported:
+            self._unsupported[kind] = self.unsupported_modules(self.model, Statistic(kind))
+        bad = self._unsupported[kind]
+        if bad:
+            mods = ", ".join(f"'{n}' ({c})" for n, c in bad)
+            return f"BackPACK {CURVATURE[kind][0].__name__} does not support {mods}"
+        return None
+
+    def unsupported_modules(self, model: torch.nn.Module, stat: Statistic) -> list[tuple[str, str]]:
+        """``(module name, class name)`` of modules for which ``stat`` cannot be computed.
 
         Per-sample statistics need BackPACK support for every module that owns tracked
         parameters; curvature statistics need it for every module on the way (activations,
         pooling, ...) as well.
         """
-        merged = MergedRequirements(statistics=(statistic,), owners={}, loss_graph=False)
-        extension = self.extensions(merged)[0]
+        extension = self._extensions([stat])[0]
         supported = _supported_modules(extension)
         if supported is None:  # BackPACK internals changed; cannot tell statically
             return []
@@ -101,212 +125,156 @@ class BackpackBackend:
             if list(module.children()):
                 continue  # containers: their leaves are checked
             owns_tracked = any(id(p) in tracked for p in module.parameters(recurse=False))
-            relevant = owns_tracked or (stat_is_curvature(statistic) and not _is_trivial(module))
+            relevant = owns_tracked or (stat.kind in CURVATURE and not _is_trivial(module))
             if relevant and type(module) not in supported:
                 out.append((name or type(module).__name__, type(module).__name__))
         return out
 
-    @contextmanager
-    def collect(
-        self, merged: MergedRequirements, batch_size: int
-    ) -> Iterator[tuple[dict[tuple[str, str], list[Tensor | None]], dict[tuple[str, str], str]]]:
-        """Run the user's backward pass inside this context to fill the statistics.
+    # -- the forward pass ---------------------------------------------------------------
 
-        Yields:
-            ``(statistics, missing)``: ``statistics[identity][i]`` for parameter ``i``
-            (filled during backward), and, after the block, ``missing[identity]`` with a
-            message for each statistic that some parameters did not receive.
+    def arm(self, indices: frozenset[int]) -> None:
+        """Install BackPACK's hooks (of modules extended by ``extend``) only when needed."""
+        hooks.want(self, bool(indices))
 
+    def armed(self, indices: frozenset[int]) -> bool:  # noqa: D102
+        return hooks.installed() or not hooks.switchable()
+
+    def suspended(self) -> contextlib.AbstractContextManager:
+        """Hide BackPACK's module hooks while another provider runs its own pass."""
+        if self.model is None:
+            return contextlib.nullcontext()
+        return without_backpack_hooks(self.model)
+
+    def close(self) -> None:  # noqa: D102
+        hooks.withdraw(self)
+
+    # -- the step -----------------------------------------------------------------------
+
+    def _extensions(self, stats: Sequence[Statistic], loss_scale: float = 1.0) -> list:
+        """The BackPACK extensions that produce ``stats``.
+
+        Under a GradScaler (``loss_scale != 1``) the Hessian diagonal also needs the exact
+        GGN diagonal: see :func:`_unscaled_hessian_diagonal`.
         """
-        stats = merged.statistics
-        results: dict[tuple[str, str], list[Tensor | None]] = {
-            s.identity: [None] * len(self.params) for s in stats
-        }
-        missing: dict[tuple[str, str], str] = {}
-        failures: dict[tuple[str, str], str] = {}
+        exts: list = []
+        if loss_scale != 1.0 and any(s.kind == "diag_hessian" for s in stats):
+            if not any(s.kind == "diag_ggn_exact" for s in stats):
+                stats = [*stats, Statistic("diag_ggn_exact")]
+        # Every per-sample statistic is derived from BatchGrad, so a statistic has the same
+        # value whichever other quantities share the step.
+        if any(s.per_sample for s in stats):
+            exts.append(self._batch_grad)
+        for stat in stats:
+            if stat.kind not in CURVATURE:
+                continue
+            cls = CURVATURE[stat.kind][0]
+            options = (
+                {"mc_samples": dict(stat.options).get("mc_samples", 1)} if cls is DiagGGNMC else {}
+            )
+            ext = guarded(cls, stat.identity, **options)
+            fast = DiagHConv2dFast() if cls is DiagHessian else DiagGGNConv2dFast()
+            ext.set_module_extension(torch.nn.Conv2d, fast, overwrite=True)
+            exts.append(ext)
+        return exts
+
+    @contextlib.contextmanager
+    def collect(self, collection: Collection) -> Iterator[None]:
+        """Run the user's backward pass inside ``with backpack(...)`` and reduce per module."""
+        stats = collection.statistics
         modules: dict[int, str] = {}
+        scale = collection.per_sample_scale  # B (over a GradScaler's scale)
 
         def hook(module: torch.nn.Module) -> None:
             for p in module.parameters(recurse=False):
                 i = self._index.get(id(p))
-                if i is None:
+                if i is None or not collection.wanted(i):
                     continue
                 modules[i] = type(module).__name__
-                self._collect_param(p, i, stats, results, failures, batch_size)
+                grads = _per_sample_grads(getattr(p, "grad_batch", None), scale)
+                if grads is not None:
+                    collection.deliver(i, grads, defer=True)
+                for stat in collection.wanted(i):
+                    if stat.kind in CURVATURE:
+                        value = getattr(p, CURVATURE[stat.kind][1], None)
+                        if value is not None and stat.kind == "diag_hessian":
+                            value = _unscaled_hessian_diagonal(p, value, collection.loss_scale)
+                        if value is not None:
+                            collection.store(stat, i, value.detach())
             for p in module.parameters(recurse=False):
                 for save_field in _SAVE_FIELDS:
                     if hasattr(p, save_field):
                         delattr(p, save_field)
 
-        exts = self.extensions(merged)
+        exts = self._extensions(stats, collection.loss_scale)
         with backpack(*exts, extension_hook=hook):
-            yield results, missing
-        missing.update(self._find_missing(stats, results, modules))
-        missing.update(self._guard_failures(exts, results))
-        missing.update(
-            (
-                ident,
-                f"Computing {dict((s.identity, s) for s in stats)[ident].describe()} raised {msg}",
-            )
-            for ident, msg in failures.items()
-        )
+            yield
+        self._report_missing(collection, modules, exts)
 
-    @staticmethod
-    def _collect_param(
-        p: torch.nn.Parameter,
-        i: int,
-        stats: Sequence[Statistic],
-        results: dict[tuple[str, str], list[Tensor | None]],
-        failures: dict[tuple[str, str], str],
-        batch_size: int,
-    ) -> None:
-        per_sample = _per_sample_grads(getattr(p, "grad_batch", None), batch_size)
-        blocked = blocked_statistics(stats, p, per_sample, failures)
-        for stat in stats:
-            if stat.identity in blocked:
-                value = blocked[stat.identity]
-            else:
-                try:
-                    value = _compute(stat, p, per_sample)
-                except Exception as err:  # a failing transform must not break backward()
-                    failures.setdefault(stat.identity, f"{type(err).__name__}: {err}")
-                    continue
-            if value is not None:
-                results[stat.identity][i] = value.detach()
-
-    def _guard_failures(
-        self, exts: Sequence[object], results: dict[tuple[str, str], list[Tensor | None]]
-    ) -> dict[tuple[str, str], str]:
-        """Messages for curvature statistics whose extension failed on a module."""
-        out = {}
-        for ext in exts:
-            failure = getattr(ext, "cockpit_failure", None)
-            if failure is None:
-                continue
-            ident = ext.cockpit_statistic  # type: ignore[attr-defined]
-            lacking = ", ".join(
-                f"'{self.param_names[i]}'"
-                for i, p in enumerate(self.params)
-                if results[ident][i] is None and p.grad is not None
-            )
-            out[ident] = (
-                f"{failure}, so {ident[0]} is missing for parameter(s) {lacking}: second-order "
-                "statistics need BackPACK support for every module between the loss and a "
-                "parameter. Track quantities that do not need it (e.g. methods based on "
-                "Hessian-vector products), or replace the module (see `cockpit check`)."
-            )
-        return out
-
-    def _find_missing(
-        self,
-        stats: Sequence[Statistic],
-        results: dict[tuple[str, str], list[Tensor | None]],
-        modules: dict[int, str],
-    ) -> dict[tuple[str, str], str]:
-        missing = {}
-        for stat in stats:
-            values = results[stat.identity]
+    def _report_missing(self, collection: Collection, modules: dict[int, str], exts) -> None:
+        failures = {
+            ext.cockpit_statistic: ext.cockpit_failure
+            for ext in exts
+            if getattr(ext, "cockpit_failure", None) is not None
+        }
+        for stat in collection.statistics:
             lacking = [
-                i for i, p in enumerate(self.params) if values[i] is None and p.grad is not None
+                i
+                for i in sorted(collection.targets[stat.identity])
+                if not collection.received(stat, i) and self.params[i].grad is not None
             ]
             if not lacking:
                 continue
-            if not modules:
-                missing[stat.identity] = (
+            if stat.identity in failures:
+                where = ", ".join(f"'{self.names[i]}'" for i in lacking)
+                collection.fail(
+                    stat,
+                    f"{failures[stat.identity]}, so {stat.kind} is missing for parameter(s) "
+                    f"{where}: second-order statistics need BackPACK support for every module "
+                    "between the loss and a parameter. Track quantities that do not need it "
+                    "(e.g. methods based on Hessian-vector products), or replace the module "
+                    "(see `cockpit check`).",
+                )
+            elif not modules:
+                collection.fail(
+                    stat,
                     f"No statistic {stat.describe()} was computed: the model and the loss "
                     "function must be extended for BackPACK. Call model = "
-                    "cockpit_core.extend(model) and loss_fn = cockpit_core.extend(loss_fn)."
+                    "cockpit_core.extend(model) and loss_fn = "
+                    "cockpit_core.extend(loss_fn).",
                 )
-                continue
-            where = ", ".join(
-                f"'{self.param_names[i]}' ({modules.get(i, 'module not extended')})"
-                for i in lacking
-            )
-            missing[stat.identity] = (
-                f"BackPACK computed no {stat.describe()} for parameter(s) {where}: it does not "
-                "support these modules for this statistic. Track quantities that do not need "
-                "it, or replace the module (see `cockpit check`)."
-            )
-        return missing
+            else:
+                where = ", ".join(
+                    f"'{self.names[i]}' ({modules.get(i, 'module not extended')})" for i in lacking
+                )
+                collection.fail(
+                    stat,
+                    f"BackPACK computed no {stat.describe()} for parameter(s) {where}: it does "
+                    "not support these modules for this statistic. Track quantities that do "
+                    "not need it, or replace the module (see `cockpit check`).",
+                )
 
 
-def stat_is_curvature(statistic: Statistic) -> bool:
-    """Whether ``statistic`` is a curvature diagonal (needs second-order BackPACK support)."""
-    return statistic.kind in _CURVATURE_FIELDS
+def _unscaled_hessian_diagonal(p: Tensor, diag_h: Tensor, loss_scale: float) -> Tensor | None:
+    """The Hessian diagonal of the unscaled loss from BackPACK's, under a GradScaler.
+
+    BackPACK's ``DiagHessian`` is the GGN diagonal (from the loss module's Hessian, which
+    the scaling after the loss module does not reach) plus residual terms of curved
+    modules that are linear in the backpropagated gradient, which the GradScaler scales by
+    ``s``: ``H_s = G + s R``. So ``H = G + (H_s - G) / s`` (Dangel et al., 2020, Sec. 3).
+    """
+    if loss_scale == 1.0:
+        return diag_h
+    ggn = getattr(p, "diag_ggn_exact", None)
+    return None if ggn is None else ggn + (diag_h - ggn) / loss_scale
 
 
 def _is_trivial(module: torch.nn.Module) -> bool:
-    return isinstance(module, (torch.nn.Identity,))
+    return isinstance(module, torch.nn.Identity)
 
 
 def _supported_modules(extension: object) -> set[type] | None:
     mapping = getattr(extension, "_BackpropExtension__module_extensions", None)
     return set(mapping) if isinstance(mapping, dict) else None
-
-
-class _GuardedExtension:
-    """Mixin for second-order extensions: a module they cannot handle must not break backward().
-
-    BackPACK raises (``NotImplementedError``, then ``AssertionError`` upstream) inside the
-    user's ``loss.backward()`` when a second-order extension meets an unsupported module
-    (LayerNorm, GELU, ...). The guard records the first error and skips the rest of the
-    pass, so gradients are still computed and the statistic is reported as missing.
-    """
-
-    cockpit_failure: str | None = None
-    cockpit_statistic: tuple[str, str] = ("", "")
-
-    def __call__(self, module: torch.nn.Module, g_inp: tuple, g_out: tuple) -> None:
-        if self.cockpit_failure is not None:
-            return
-        try:
-            super().__call__(module, g_inp, g_out)  # type: ignore[misc]
-        except Exception as err:
-            base = type(self).__mro__[2].__name__
-            name = type(module).__name__
-            self.cockpit_failure = (
-                f"BackPACK's {base} does not support module {name}"
-                if isinstance(err, NotImplementedError)
-                else f"BackPACK's {base} failed on module {name} ({type(err).__name__}: {err})"
-            )
-
-
-_GUARDED: dict[type, type] = {}
-
-
-def _guarded(cls: type, stat: Statistic, **kwargs: object) -> object:
-    """An instance of the guarded subclass of the BackPACK extension ``cls``."""
-    if cls not in _GUARDED:
-        _GUARDED[cls] = type(f"Guarded{cls.__name__}", (_GuardedExtension, cls), {})
-    extension = _GUARDED[cls](**kwargs)
-    extension.cockpit_statistic = stat.identity
-    return extension
-
-
-def _compute(
-    stat: Statistic,
-    p: torch.nn.Parameter,
-    per_sample: MaterializedGrads | FactoredLinearGrads | ConvGrads | None,
-) -> Tensor | None:
-    """One statistic of one parameter, or ``None`` if BackPACK provided nothing for it."""
-    kind = stat.kind
-    if kind in _CURVATURE_FIELDS:
-        return getattr(p, _CURVATURE_FIELDS[kind], None)
-    if per_sample is None:
-        return None
-    if kind == "batch_l2":
-        return per_sample.batch_l2()
-    if kind == "sum_grad_squared":
-        return per_sample.sum_grad_squared()
-    if kind == "batch_dot":
-        return per_sample.batch_dot()
-    if kind == "grad_batch":
-        return per_sample.materialize()
-    if kind == "batch_projection":  # projected on the final gradient after backward
-        return DeferredGrads(per_sample)
-    if stat.factored_fn is not None and per_sample.factored:
-        return stat.factored_fn(per_sample, p.detach())
-    return stat.fn(per_sample.materialize(), p.detach())  # type: ignore[misc]
 
 
 class _LinearWeightFactors:
@@ -330,18 +298,45 @@ class _FactoredLinear(FirstOrderModuleExtension):
         return d if d.dim() == 2 else d.sum(dim=tuple(range(1, d.dim() - 1)))
 
 
-def _per_sample_grads(
-    saved: Tensor | _LinearWeightFactors | ConvWeightFactors | None, batch_size: int
-) -> MaterializedGrads | FactoredLinearGrads | ConvGrads | None:
+def _per_sample_grads(saved: Any, scale: float) -> Any:
     """Wrap BackPACK's ``grad_batch`` (scaled by ``1/B`` for a mean loss), undoing the scaling."""
     if saved is None:
         return None
     if isinstance(saved, ConvWeightFactors):
-        return ConvGrads(saved.scaled(batch_size))
+        return ConvGrads(saved.scaled(scale))
     if isinstance(saved, _LinearWeightFactors):
-        a, d = saved.inputs, saved.grad_outputs * batch_size
+        a, d = saved.inputs, saved.grad_outputs * scale
         if a.dim() == 2:
-            return FactoredLinearGrads(a, d)
+            return OuterProductGrads(a, d)
         # inputs with extra axes [B, ..., in]: g_n = sum_t d_nt a_nt^T, materialize
-        return MaterializedGrads(torch.einsum("n...o,n...i->noi", d, a))
-    return MaterializedGrads(saved.detach() * batch_size)
+        return DenseGrads(torch.einsum("n...o,n...i->noi", d, a))
+    return DenseGrads(saved.detach() * scale)
+
+
+@contextlib.contextmanager
+def without_backpack_hooks(model: torch.nn.Module) -> Iterator[None]:
+    """Hide BackPACK's module hooks while ``torch.func`` transforms run the model.
+
+    BackPACK's full backward hooks use an ``autograd.Function`` that functorch transforms
+    reject, and its forward hooks would store batched tensors on the modules. The hook
+    dictionaries are swapped for filtered copies and the originals put back afterwards;
+    every other hook stays active.
+    """
+    from backpack import hook_run_extensions, hook_store_io
+
+    banned = (hook_store_io, hook_run_extensions)
+    swapped: list[tuple[torch.nn.Module, str, Any]] = []
+    try:
+        for module in model.modules():
+            for attr in ("_forward_hooks", "_backward_hooks"):
+                hooks_dict = getattr(module, attr, None)
+                if hooks_dict and any(h in banned for h in hooks_dict.values()):
+                    swapped.append((module, attr, hooks_dict))
+                    kept = type(hooks_dict)(
+                        (k, h) for k, h in hooks_dict.items() if h not in banned
+                    )
+                    setattr(module, attr, kept)
+        yield
+    finally:
+        for module, attr, hooks_dict in reversed(swapped):
+            setattr(module, attr, hooks_dict)

@@ -12,19 +12,18 @@ from __future__ import annotations
 import pytest
 import torch
 from backpack import extend
+from cockpit_backpack import BackpackProvider
 
-from cockpit_core.backends import per_sample as per_sample_module
-from cockpit_core.backends.backpack import BackpackBackend
-from cockpit_core.backends.conv_grads import ConvWeightFactors
-from cockpit_core.backends.per_sample import ConvGrads
+from cockpit_core import Collection, ConvGrads, ParamSlot
 from cockpit_core.requirements import (
     BATCH_DOT,
     BATCH_L2,
     BATCH_PROJECTION,
     SUM_GRAD_SQUARED,
-    MergedRequirements,
     per_sample_transform,
 )
+from cockpit_core.statistics import per_sample as per_sample_module
+from cockpit_core.statistics.conv import ConvWeightFactors
 
 BATCH = 7
 BLOCKS = [3, 3, 1]
@@ -98,11 +97,17 @@ def collect(conv: torch.nn.Conv2d, x: torch.Tensor, stats: list, monkeypatch) ->
     monkeypatch.setattr(per_sample_module, "BLOCK_BYTES", budget)
     monkeypatch.setattr(ConvWeightFactors, "materialize", recording)
     model = extend(torch.nn.Sequential(conv, torch.nn.Tanh(), torch.nn.Flatten()))
-    backend = BackpackBackend([conv.weight], ["weight"])
-    merged = MergedRequirements(statistics=tuple(stats), owners={}, loss_graph=False)
-    with backend.collect(merged, BATCH) as (results, missing):
+    provider = BackpackProvider([conv.weight], ["weight"])
+    collection = Collection(
+        statistics=tuple(stats),
+        targets={s.identity: frozenset({0}) for s in stats},
+        slots=[ParamSlot(0, "weight", conv.weight)],
+        batch_size=BATCH,
+    )
+    with provider.collect(collection):
         (model(x).pow(2).sum() / BATCH).backward()  # mean of l_n = ||f(x_n)||^2
-    return {ident: values[0] for ident, values in results.items()}, missing, sizes
+    values = {ident: row[0] for ident, row in collection.results.items()}
+    return values, collection.missing, sizes
 
 
 def assert_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -124,9 +129,7 @@ def test_blocked_statistics_equal_a_loop_over_samples(options, monkeypatch):
     # the deferred projection (after backward) uses the kept blocks
     vectors = torch.randn(2, *conv.weight.shape, dtype=torch.float64)
     grads = loop_gradients(conv, x).flatten(1)
-    assert_equal(
-        values[BATCH_PROJECTION.identity].project_on(vectors), grads @ vectors.flatten(1).T
-    )
+    assert_equal(values[BATCH_PROJECTION.identity].dot(vectors), grads @ vectors.flatten(1).T)
 
 
 def test_a_statistic_that_needs_the_whole_tensor_makes_all_share_it(monkeypatch):
@@ -140,25 +143,26 @@ def test_a_statistic_that_needs_the_whole_tensor_makes_all_share_it(monkeypatch)
         assert_equal(values[stat.identity], expected[stat.identity])
 
 
-def test_summed_transforms_use_fn_on_blocks_and_others_keep_factored_fn(monkeypatch):
+def test_declined_factored_transforms_use_fn_on_the_kept_blocks(monkeypatch):
     conv, x = setup({"padding": 1})
     expected = expected_values(conv, x)
     seen = []
 
-    def projected(factors, param):
-        seen.append(type(factors).__name__)
-        return factors.dot(param.unsqueeze(0))[:, 0]
+    def projected(grads, param):
+        seen.append(type(grads).__name__)
+        return grads.dot(param.unsqueeze(0))[:, 0]
 
-    def never(factors, param):
-        raise AssertionError("factored_fn of a summed transform called")
+    def declined(grads, param):
+        seen.append("declined")
+        return NotImplemented  # no fast path for convolutions: fn on blocks of samples
 
     summed = per_sample_transform(
-        "cubes", cubes_and_maxima, reduce="sum", max_last=2, factored_fn=never
+        "cubes", cubes_and_maxima, reduce="sum", max_last=2, factored_fn=declined
     )
     gathered = per_sample_transform("rows", rows, reduce="gather", factored_fn=projected)
     values, missing, sizes = collect(conv, x, [summed, gathered, BATCH_L2], monkeypatch)
     assert not missing
-    assert sizes == BLOCKS and seen == ["ConvGrads"]
+    assert sizes == BLOCKS and seen == ["declined", "ConvGrads"]
     for stat in (summed, gathered, BATCH_L2):
         assert_equal(values[stat.identity], expected[stat.identity])
 
@@ -176,7 +180,7 @@ def test_a_transform_failing_on_one_block_is_reported_and_the_others_computed(mo
     values, missing, sizes = collect(conv, x, [bad, SUM_GRAD_SQUARED], monkeypatch)
     assert sizes == BLOCKS
     assert "ValueError: boom" in missing[bad.identity]
-    assert values[bad.identity] is None
+    assert values.get(bad.identity) is None
     assert_equal(values[SUM_GRAD_SQUARED.identity], expected[SUM_GRAD_SQUARED.identity])
 
 

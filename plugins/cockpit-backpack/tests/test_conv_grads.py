@@ -10,9 +10,10 @@ import pytest
 import torch
 from backpack import backpack, extend
 from backpack.extensions import BatchGrad
+from cockpit_backpack.conv2d import UnfoldConv2d
 
-from cockpit_core.backends.conv_grads import ConvWeightFactors, UnfoldConv2d
-from cockpit_core.backends.per_sample import ConvGrads, FactoredLinearGrads, MaterializedGrads
+from cockpit_core.statistics.conv import ConvWeightFactors
+from cockpit_core.statistics.per_sample import ConvGrads, FactoredLinearGrads, MaterializedGrads
 
 CONVS = [
     {},
@@ -85,9 +86,9 @@ def test_curvature_diagonals_equal_backpack(options, kind, one_sample_blocks, mo
     import copy
 
     from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
+    from cockpit_backpack.conv2d import DiagGGNConv2dFast, DiagHConv2dFast
 
-    from cockpit_core.backends import conv_grads
-    from cockpit_core.backends.conv_grads import DiagGGNConv2dFast, DiagHConv2dFast
+    from cockpit_core.statistics import conv as conv_grads
 
     if one_sample_blocks:
         monkeypatch.setattr(conv_grads, "CURVATURE_BLOCK", 1)

@@ -83,7 +83,9 @@ def test_update_size_with_plain_sgd_is_lr_times_grad_norm():
     for step in range(2):
         out = result.output[step]
         lr = result.snapshots[step].lr[0]
-        assert out["update_size"]["total"] == pytest.approx(lr * out["grad_norm"]["total"], rel=1e-10)
+        assert out["update_size"]["total"] == pytest.approx(
+            lr * out["grad_norm"]["total"], rel=1e-10
+        )
 
 
 def test_time_is_wall_clock_and_increasing(run):

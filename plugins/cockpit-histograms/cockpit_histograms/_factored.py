@@ -157,3 +157,18 @@ def _products(
             fill += size
     if fill:
         yield buffer[:fill]
+
+
+def hist1d_sparse(values: Tensor, n_zero: int, lo: float, hi: float, bins: int) -> Tensor:
+    """:func:`~cockpit_histograms._binning.hist1d_layer` of a tensor given by its non-zero part.
+
+    For per-sample gradients whose elements are ``values`` and ``n_zero`` exact zeros (an
+    embedding's rows: a sample touches a few rows of the weight), the zeros are counted
+    into their bin without forming them.
+    """
+    out = _binning.hist1d_layer(values, lo, hi, bins)
+    if n_zero:
+        zero = torch.zeros(1, dtype=torch.float32).clamp_(lo, hi)
+        out[:bins] += torch.histc(zero, bins=bins, min=lo, max=hi).to(out.dtype) * n_zero
+        out[-1] = out[-1].clamp(min=0.0)  # the zeros' |g| = 0 is a maximum candidate
+    return out

@@ -9,6 +9,9 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from cockpit_core import (
+    EmbeddingGrads,
+    OuterProductGrads,
+    PerSampleGrads,
     Quantity,
     QuantityConfig,
     Requirements,
@@ -25,7 +28,7 @@ from cockpit_histograms._binning import (
     param_abs_max,
     stack_layers,
 )
-from cockpit_histograms._factored import hist1d_factored
+from cockpit_histograms._factored import hist1d_factored, hist1d_sparse
 
 
 class GradHist1dConfig(QuantityConfig):
@@ -108,11 +111,14 @@ class GradHist1d(Quantity):
         lo, hi = self._range
         return hist1d_layer(per_sample, lo, hi, self.config.bins)
 
-    def _factored(self, factors: Any, param: Tensor) -> Tensor:
+    def _factored(self, grads: PerSampleGrads, param: Tensor) -> Any:
         lo, hi = self._range
-        if getattr(factors, "a", None) is None:  # not an outer product (e.g. a convolution)
-            return hist1d_layer(factors.materialize(), lo, hi, self.config.bins)
-        return hist1d_factored(factors.d, factors.a, lo, hi, self.config.bins)
+        if isinstance(grads, OuterProductGrads) and not grads.has_sequence:
+            return hist1d_factored(grads.d, grads.a, lo, hi, self.config.bins)
+        if isinstance(grads, EmbeddingGrads):  # the rows each sample touched, and zeros
+            n_zero = grads.batch_size * grads.num_embeddings * grads.dim - grads.rows.numel()
+            return hist1d_sparse(grads.rows, n_zero, lo, hi, self.config.bins)
+        return NotImplemented  # e.g. convolutions: the core bins blocks of samples with fn
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""

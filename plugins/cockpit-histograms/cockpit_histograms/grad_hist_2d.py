@@ -9,6 +9,8 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from cockpit_core import (
+    OuterProductGrads,
+    PerSampleGrads,
     Quantity,
     QuantityConfig,
     Requirements,
@@ -123,10 +125,10 @@ class GradHist2d(Quantity):
     def _transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
         return hist2d_layer(per_sample, param, self._range, self.config.bins)
 
-    def _factored(self, factors: Any, param: Tensor) -> Tensor:
-        if getattr(factors, "a", None) is None:  # not an outer product (e.g. a convolution)
-            return hist2d_layer(factors.materialize(), param, self._range, self.config.bins)
-        return hist2d_factored(factors.d, factors.a, param, self._range, self.config.bins)
+    def _factored(self, grads: PerSampleGrads, param: Tensor) -> Any:
+        if isinstance(grads, OuterProductGrads) and not grads.has_sequence:
+            return hist2d_factored(grads.d, grads.a, param, self._range, self.config.bins)
+        return NotImplemented  # e.g. convolutions: the core bins blocks of samples with fn
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""

@@ -1,0 +1,259 @@
+"""The statistics-provider protocol: where per-parameter statistics come from.
+
+A *provider* computes statistics of some kinds for some parameters during a tracked step:
+BackPACK's extensions (``cockpit-backpack``), module hooks (``cockpit-hooks``),
+``torch.func`` (built in), or a third party's. Providers come in through the
+``register_statistic_providers`` hook; for each parameter and requested kind the router
+(:mod:`cockpit_core.statistics.router`) picks the cheapest provider whose
+:meth:`StatisticProvider.supports` accepts it, and hands every provider what it serves
+in one :class:`Collection` per step. ``docs/providers.md`` walks through writing one.
+
+Life of a provider inside a Cockpit:
+
+1. ``__init__(params, names, options)``: once, with the tracked parameters;
+2. :meth:`~StatisticProvider.attach` when the model becomes known (``cp.attach`` or
+   ``Cockpit(model, ...)``); routing asks :meth:`~StatisticProvider.supports` per
+   ``(parameter, kind)`` and caches the answer;
+3. providers that must see the forward pass (``observes_forward = True``) are
+   :meth:`~StatisticProvider.arm`-ed before the forward pass of a step that needs them
+   (the Cockpit predicts the next tracked step) and disarmed otherwise;
+4. :meth:`~StatisticProvider.collect` is a context manager around the user's
+   ``backward()``: the provider fills the collection during ``backward`` or on exit;
+5. :meth:`~StatisticProvider.close` when the Cockpit closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from cockpit_core.requirements import Statistic
+from cockpit_core.statistics.kinds import StatisticKind
+from cockpit_core.statistics.per_sample import PerSampleGrads
+from cockpit_core.statistics.reduce import reduce_per_sample
+
+Identity = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """One tracked parameter, as routing and providers see it.
+
+    Attributes:
+        index: Position among the tracked parameters.
+        name: Its name (``model.named_parameters()`` or as given to the Cockpit).
+        param: The parameter.
+        module: The module that registers it, ``None`` while the model is unknown.
+        module_name: That module's qualified name (``""`` for the root).
+        attribute: The parameter's attribute name in ``module`` (e.g. ``"weight"``).
+        shared: Whether more than one module registers it (tied weights).
+
+    """
+
+    index: int
+    name: str
+    param: torch.nn.Parameter
+    module: torch.nn.Module | None = None
+    module_name: str = ""
+    attribute: str = ""
+    shared: bool = False
+
+    @property
+    def label(self) -> str:
+        """``'encoder.norm1' (LayerNorm)``, or the parameter name without a model."""
+        if self.module is None:
+            return f"'{self.name}'"
+        return f"'{self.module_name or type(self.module).__name__}' ({type(self.module).__name__})"
+
+
+@dataclass
+class Collection:
+    """What one provider computes at one step, and where it puts the results.
+
+    Attributes:
+        statistics: The statistics this provider serves at this step.
+        targets: For each statistic identity, the parameter indices it serves.
+        slots: Every tracked parameter (indexed like ``targets``).
+        batch_size: The number of samples ``B`` whose mean loss the step's gradient is of:
+            ``B * dL/d(output_n)`` is sample ``n``'s own gradient (``info["batch_size"]``).
+        samples: Samples in this backward pass, when fewer than ``batch_size`` (a
+            micro-batch of gradient accumulation); ``None``: ``batch_size``.
+        loss_scale: The factor the backpropagated loss was multiplied by (a
+            ``torch.amp.GradScaler``'s scale; 1 without one). Providers divide what they
+            read from the backward pass by it: :attr:`per_sample_scale`.
+        check_index: A parameter whose per-sample gradients' mean the core compares with
+            its ``p.grad`` after ``backward`` (:attr:`check_mean`), to detect a loss that is
+            not the mean over ``batch_size`` samples, or gradients scaled unannounced.
+        check_mean: Set by :meth:`deliver` for ``check_index``.
+        info: The step's ``info`` dict (``inputs`` and ``targets`` for providers that
+            recompute the forward pass).
+        eager: Whether the final gradient of a parameter equals the mean of its
+            per-sample gradients as soon as they are complete (one process, no gradient
+            accumulation): projections can then be formed during ``backward``.
+        results: ``results[identity][index]``, filled by the provider.
+        missing: A message per statistic that some served parameters did not receive.
+
+    """
+
+    statistics: tuple[Statistic, ...]
+    targets: dict[Identity, frozenset[int]]
+    slots: Sequence[ParamSlot]
+    batch_size: int
+    info: Mapping[str, Any] = field(default_factory=dict)
+    samples: int | None = None
+    loss_scale: float = 1.0
+    check_index: int | None = None
+    check_mean: Any = None
+    eager: bool = False
+    results: dict[Identity, list[Any]] = field(default_factory=dict)
+    missing: dict[Identity, str] = field(default_factory=dict)
+
+    @property
+    def per_sample_scale(self) -> float:
+        """``batch_size / loss_scale``: from output gradients to per-sample ones.
+
+        It turns ``dL/d(output_n)`` of the backpropagated loss into sample ``n``'s own
+        output gradient.
+        """
+        return self.batch_size / self.loss_scale
+
+    def wanted(self, index: int) -> list[Statistic]:
+        """The statistics requested of parameter ``index`` from this provider."""
+        return [s for s in self.statistics if index in self.targets[s.identity]]
+
+    @property
+    def indices(self) -> frozenset[int]:
+        """Every parameter index this provider serves at this step."""
+        return frozenset().union(*self.targets.values()) if self.targets else frozenset()
+
+    def store(self, stat: Statistic, index: int, value: Any) -> None:
+        """Record the value of ``stat`` for parameter ``index``."""
+        self.results.setdefault(stat.identity, [None] * len(self.slots))[index] = value
+
+    def fail(self, stat: Statistic, message: str) -> None:
+        """Record why ``stat`` could not be computed (the first message is kept)."""
+        self.missing.setdefault(stat.identity, message)
+
+    def deliver(self, index: int, grads: PerSampleGrads, defer: bool = False) -> None:
+        """Compute every per-sample statistic wanted of parameter ``index`` from ``grads``.
+
+        The usual way for a per-sample provider to hand back its work: call it as soon
+        as a parameter's per-sample gradients are complete, then drop them. Projections
+        are formed now when :attr:`eager` (unless ``defer``), else after ``backward`` by
+        the core, on the final gradient. A statistic that raises is reported missing
+        with its error; nothing propagates.
+        """
+        if index == self.check_index:
+            self.check_mean = grads.mean().detach()
+        stats = [s for s in self.wanted(index) if s.per_sample]
+        if not stats:
+            return
+        final = grads.mean if self.eager and not defer else None
+        values, failures = reduce_per_sample(stats, grads, self.slots[index].param, final)
+        for stat in stats:
+            if stat.identity in failures:
+                self.fail(stat, f"Computing {stat.describe()} raised {failures[stat.identity]}")
+            elif stat.identity in values:
+                self.store(stat, index, values[stat.identity])
+
+    def received(self, stat: Statistic, index: int) -> bool:
+        """Whether a value of ``stat`` for parameter ``index`` was recorded."""
+        row = self.results.get(stat.identity)
+        return row is not None and row[index] is not None
+
+
+class StatisticProvider:
+    """Base class of statistics providers (subclass it, override what applies).
+
+    Class attributes:
+        name: snake_case name, used by ``backend=`` and shown by ``cp.check``.
+        cost: Preference of the router: among providers that support a parameter and a
+            kind, the one with the lowest cost serves it (``backend="auto"``).
+        description: One line for ``cockpit plugins`` and ``cp.check``.
+        per_sample: Whether it delivers per-sample gradients, and so every per-sample
+            kind (through :meth:`Collection.deliver`).
+        kinds: Names of the other kinds it delivers (e.g. curvature diagonals).
+        observes_forward: Whether the provider must see the forward pass of a tracked
+            step (then :meth:`arm` is called before it).
+        recomputes: Whether it runs its own forward/backward pass after the user's
+            ``backward`` (it may then serve parameters another provider failed on).
+
+    Args:
+        params: The tracked parameters.
+        names: Their names.
+        options: Cockpit options meant for providers (e.g. ``chunk_size``).
+
+    """
+
+    name: ClassVar[str] = ""
+    cost: ClassVar[float] = 1.0
+    description: ClassVar[str] = ""
+    per_sample: ClassVar[bool] = False
+    kinds: ClassVar[frozenset[str]] = frozenset()
+    observes_forward: ClassVar[bool] = False
+    recomputes: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        options: Mapping[str, Any] | None = None,
+    ):
+        self.params = list(params)
+        self.names = list(names)
+        self.options = dict(options or {})
+        self.model: torch.nn.Module | None = None
+        self.loss_fn: Any = None
+
+    def attach(self, model: torch.nn.Module, loss_fn: Any = None) -> None:
+        """The model (and, if given, a per-sample loss ``loss_fn(outputs, targets)``)."""
+        self.model, self.loss_fn = model, loss_fn
+
+    def delivers(self, kind: StatisticKind) -> bool:
+        """Whether the provider computes ``kind`` at all (for some parameter of some model)."""
+        return (kind.per_sample and self.per_sample) or kind in self.kinds
+
+    def supports(self, slot: ParamSlot, kind: StatisticKind) -> str | None:
+        """``None`` if the provider can deliver ``kind`` for ``slot``, else why it cannot.
+
+        Only asked for kinds it :meth:`delivers`. The reason is shown by ``cp.check`` and
+        in errors, e.g. ``"no rule for module GELU"``. Called once per ``(parameter,
+        kind)`` after the model changed; answer from the module and its configuration (no
+        forward pass has run yet).
+        """
+        return None
+
+    def arm(self, indices: frozenset[int]) -> None:
+        """Prepare to observe the next forward pass for the parameters ``indices``.
+
+        ``arm(frozenset())`` disarms (remove hooks: untracked steps then cost nothing).
+        Only called when ``observes_forward``.
+        """
+
+    def armed(self, indices: frozenset[int]) -> bool:
+        """Whether the last forward pass was observed for ``indices`` (see :meth:`arm`)."""
+        return True
+
+    def suspended(self) -> contextlib.AbstractContextManager:
+        """A context in which the provider ignores forward and backward passes.
+
+        Entered while a provider that ``recomputes`` runs its own pass on the model
+        (hooks must neither record it nor break ``torch.func`` transforms).
+        """
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def collect(self, collection: Collection) -> Iterator[None]:
+        """Context around the user's ``backward()``; fill ``collection`` during or after it.
+
+        Must never raise because a statistic failed: record it with
+        :meth:`Collection.fail` and let training go on.
+        """
+        yield
+
+    def close(self) -> None:
+        """Release hooks and buffers (the Cockpit was closed)."""

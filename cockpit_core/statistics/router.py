@@ -1,0 +1,320 @@
+"""Which provider computes which statistic of which parameter, and the merged result.
+
+For every tracked parameter and requested kind, the router asks the installed providers
+(in the order of ``backend``: ``"auto"`` sorts them by their ``cost``) whether they can
+deliver it, and the first that can serves it. The answer is cached until the model
+changes (``cp.attach``). At a step, every provider receives one
+:class:`~cockpit_core.statistics.provider.Collection` with what it serves; after
+``backward()`` the results are merged, parameters a provider left empty are handed to a
+provider that recomputes the pass (``torch.func``) where one can serve them, and every
+statistic some parameter did not receive is reported with the reasons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cockpit_core.errors import ConfigError, MisuseError
+from cockpit_core.requirements import MergedRequirements, Statistic
+from cockpit_core.statistics.gather import StepCollection
+from cockpit_core.statistics.kinds import StatisticKind
+from cockpit_core.statistics.messages import MODEL_HINT, name_list
+from cockpit_core.statistics.provider import ParamSlot, StatisticProvider
+
+Identity = tuple[str, str]
+Results = dict[Identity, list[Any]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one ``(parameter, kind)`` is served.
+
+    Attributes:
+        provider: The provider that serves it, or ``None`` if none can.
+        reasons: Why each provider tried before it (or every provider) cannot.
+
+    """
+
+    provider: str | None
+    reasons: tuple[tuple[str, str], ...] = ()
+
+
+def owners(model: torch.nn.Module) -> dict[int, list[tuple[str, torch.nn.Module, str]]]:
+    """``id(parameter) -> [(module name, module, attribute)]`` of every module registering it."""
+    out: dict[int, list[tuple[str, torch.nn.Module, str]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for attr, p in module.named_parameters(recurse=False):
+            entries = out.setdefault(id(p), [])
+            if not any(m is module for _, m, _ in entries):
+                entries.append((name, module, attr))
+    return out
+
+
+def order(
+    providers: Mapping[str, type[StatisticProvider]], backend: str | Sequence[str]
+) -> list[str]:
+    """Provider names in the order the router tries them.
+
+    Raises:
+        ConfigError: ``backend`` names a provider that is not installed.
+
+    """
+    if backend == "auto":
+        return sorted(providers, key=lambda n: (providers[n].cost, n))
+    names = [backend] if isinstance(backend, str) else list(backend)
+    unknown = [n for n in names if n not in providers]
+    if unknown or not names:
+        installed = ", ".join(sorted(providers)) or "none"
+        raise ConfigError(
+            [
+                (
+                    "backend",
+                    f"unknown statistics provider(s) {unknown}: use 'auto' or installed "
+                    f"providers ({installed}; `cockpit plugins` lists them)",
+                )
+            ]
+        )
+    return names
+
+
+class StatisticsRouter:
+    """The Cockpit's source of statistics: every installed provider, routed per parameter.
+
+    Args:
+        params: The tracked parameters.
+        names: Their names.
+        providers: Provider classes by name (from the plugins' ``register_statistic_providers``).
+        backend: ``"auto"``, a provider name, or provider names in order of preference.
+        options: Options handed to every provider (e.g. ``chunk_size``).
+
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        providers: Mapping[str, type[StatisticProvider]],
+        backend: str | Sequence[str] = "auto",
+        options: Mapping[str, Any] | None = None,
+    ):
+        self.params = list(params)
+        self.names = list(names)
+        self.backend = backend
+        self.order = order(providers, backend)
+        # every installed provider exists (observers must step aside while another provider
+        # recomputes the pass, and stay disarmed); only those of ``order`` serve statistics
+        names = self.order + sorted(n for n in providers if n not in self.order)
+        self.providers: dict[str, StatisticProvider] = {
+            name: providers[name](self.params, self.names, options) for name in names
+        }
+        self.model: torch.nn.Module | None = None
+        self.loss_fn: Any = None
+        self.slots = [ParamSlot(i, n, p) for i, (n, p) in enumerate(zip(self.names, self.params))]
+        self._routes: dict[str, list[Route]] = {}
+        self.warned: set[str] = set()  # providers whose fallback use was warned about
+        self.checked: tuple[int, float, float] | None = None
+
+    # -- the model ----------------------------------------------------------------------
+
+    def attach(self, model: torch.nn.Module, loss_fn: Any = None) -> None:
+        """Know the model (owners of the parameters) and, optionally, a per-sample loss.
+
+        Raises:
+            MisuseError: ``model`` does not own every tracked parameter.
+
+        """
+        found = owners(model)
+        foreign = [n for n, p in zip(self.names, self.params) if id(p) not in found]
+        if foreign:
+            raise MisuseError(
+                f"cp.attach: the model does not own the tracked parameter(s) {foreign}. Attach "
+                "the model whose parameters were given to Cockpit(...)."
+            )
+        self.slots = []
+        for i, (n, p) in enumerate(zip(self.names, self.params)):
+            entries = found[id(p)]
+            module_name, module, attr = entries[0]
+            self.slots.append(ParamSlot(i, n, p, module, module_name, attr, len(entries) > 1))
+        self.model, self.loss_fn = model, loss_fn
+        for provider in self.providers.values():
+            provider.attach(model, loss_fn)
+        self._routes = {}
+
+    # -- routing ------------------------------------------------------------------------
+
+    def routes(self, kind: StatisticKind) -> list[Route]:
+        """How each parameter gets statistics of ``kind`` (cached until the model changes)."""
+        if kind not in self._routes:
+            table = []
+            for slot in self.slots:
+                reasons = []
+                chosen = None
+                for name in self.order:
+                    provider = self.providers[name]
+                    if provider.delivers(kind):
+                        reason = provider.supports(slot, kind)
+                    else:
+                        reason = f"computes no {kind}"
+                    if reason is None:
+                        chosen = name
+                        break
+                    reasons.append((name, reason))
+                table.append(Route(chosen, tuple(reasons)))
+            self._routes[str(kind)] = table
+        return self._routes[str(kind)]
+
+    def plan(
+        self, statistics: Sequence[Statistic]
+    ) -> tuple[dict[str, dict[Identity, frozenset[int]]], dict[Identity, list[int]]]:
+        """Which provider serves which parameters of each statistic.
+
+        Returns:
+            ``(served, unrouted)``: per provider the parameter indices of each statistic,
+            and per statistic the indices no provider can serve. Parameters that need no
+            gradient are skipped.
+
+        """
+        served: dict[str, dict[Identity, set[int]]] = {}
+        unrouted: dict[Identity, list[int]] = {}
+        for stat in statistics:
+            for i, route in enumerate(self.routes(stat.kind)):
+                if not self.params[i].requires_grad:
+                    continue
+                if route.provider is None:
+                    unrouted.setdefault(stat.identity, []).append(i)
+                else:
+                    served.setdefault(route.provider, {}).setdefault(stat.identity, set()).add(i)
+        return (
+            {n: {k: frozenset(v) for k, v in t.items()} for n, t in served.items()},
+            unrouted,
+        )
+
+    # -- the forward pass ---------------------------------------------------------------
+
+    def observers(self, statistics: Sequence[Statistic]) -> dict[str, frozenset[int]]:
+        """Observing providers, each with the parameters it serves for ``statistics``.
+
+        An empty set means: disarm (nothing to observe at such a step).
+        """
+        served = self.plan(statistics)[0]
+        return {
+            name: frozenset().union(*served.get(name, {}).values())
+            for name, provider in self.providers.items()
+            if provider.observes_forward
+        }
+
+    def arm(self, statistics: Sequence[Statistic]) -> None:
+        """Arm the observing providers for a forward pass of a step with ``statistics``."""
+        for name, indices in self.observers(statistics).items():
+            self.providers[name].arm(indices)
+
+    def unobserved(self, statistics: Sequence[Statistic]) -> list[str]:
+        """Observing providers that needed the last forward pass but were not armed for it."""
+        return [
+            name
+            for name, indices in self.observers(statistics).items()
+            if indices and not self.providers[name].armed(indices)
+        ]
+
+    # -- a step -------------------------------------------------------------------------
+
+    def collect(
+        self,
+        merged: MergedRequirements,
+        batch_size: int,
+        info: Mapping[str, Any] | None = None,
+        eager: bool = False,
+        samples: int | None = None,
+        loss_scale: float = 1.0,
+    ) -> contextlib.AbstractContextManager[tuple[Results, dict[Identity, str]]]:
+        """Run the user's ``backward()`` inside; statistics are complete after the block.
+
+        Args:
+            merged: The step's statistics.
+            batch_size: Samples of the mean loss (see :class:`~cockpit_core.statistics.provider.Collection`).
+            info: The step's ``info``.
+            eager: Whether projections may be formed during ``backward``.
+            samples: Samples in this backward pass, if fewer (a micro-batch).
+            loss_scale: The factor the backpropagated loss was multiplied by (GradScaler).
+
+        After the block, :attr:`checked` holds ``(index, ratio, residual)`` of one
+        parameter's ``p.grad`` against the mean of its per-sample gradients, ``p.grad ~
+        ratio * mean`` (``None`` when not checked: several processes, micro-batches).
+
+        Yields:
+            ``(statistics, missing)``: ``statistics[identity][i]`` for parameter ``i``,
+            and after the block ``missing[identity]``, a message for each statistic that
+            some parameters (with a gradient) did not receive.
+
+        Raises:
+            MisuseError: A statistic needs the model, and none was attached.
+
+        """
+        self.checked = None
+        step = StepCollection(self, merged.statistics, batch_size, info or {}, samples, loss_scale)
+        return step.run(eager)
+
+    def require_model(self, stats: Sequence[Statistic], unrouted: dict[Identity, list[int]]):
+        """Raise :class:`MisuseError` if a statistic is unrouted only for lack of a model."""
+        if self.model is not None or not unrouted:
+            return
+        by_ident = {s.identity: s for s in stats}
+        ident, indices = next(iter(unrouted.items()))
+        route = self.routes(by_ident[ident].kind)[indices[0]]
+        reasons = "; ".join(f"{n}: {r}" for n, r in route.reasons) or "no provider installed"
+        raise MisuseError(
+            f"No statistics provider can compute {by_ident[ident].describe()} without the "
+            f"model ({reasons}). To fix it, {MODEL_HINT}"
+        )
+
+    def unrouted_message(self, stat: Statistic, indices: list[int]) -> str:
+        """Why no provider serves ``stat`` for the parameters ``indices`` (grouped by reason)."""
+        groups: dict[tuple, list[str]] = {}
+        for i in indices:
+            groups.setdefault(self.reasons(stat.kind, i), []).append(self.slots[i].name)
+        text = []
+        for reasons, names in groups.items():
+            why = (
+                "; ".join(f"{n}: {r}" for n, r in reasons) or "no statistics provider is installed"
+            )
+            text.append(f"{name_list(names, len(self.params))} ({why})")
+        delivered = any(self.providers[n].delivers(stat.kind) for n in self.order)
+        hint = "" if delivered else getattr(stat.kind, "install_hint", "")
+        return (
+            f"No installed provider computes {stat.describe()} for "
+            + "; ".join(text)
+            + "."
+            + (f" Hint: {hint}." if hint else "")
+        )
+
+    def reasons(self, kind: StatisticKind, index: int) -> tuple[tuple[str, str], ...]:
+        """Why providers cannot serve ``kind`` for parameter ``index``.
+
+        Only providers that compute the kind at all are listed, or every provider if none
+        does.
+        """
+        route = self.routes(kind)[index]
+        relevant = tuple((n, r) for n, r in route.reasons if self.providers[n].delivers(kind))
+        return relevant or route.reasons
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def describe(self, stat: Statistic) -> tuple[str, str]:
+        """``(how, problem)`` for ``stat`` on the attached model (``problem`` empty: ok)."""
+        routes = [r for r, p in zip(self.routes(stat.kind), self.params) if p.requires_grad]
+        used = list(dict.fromkeys(r.provider for r in routes if r.provider is not None))
+        how = ", ".join(used) if used else "no provider"
+        orphans = [i for i, r in enumerate(self.routes(stat.kind)) if r.provider is None]
+        return how, self.unrouted_message(stat, orphans) if orphans else ""
+
+    def close(self) -> None:
+        """Close every provider."""
+        for provider in self.providers.values():
+            if provider.observes_forward:
+                provider.arm(frozenset())
+            provider.close()

@@ -1,0 +1,118 @@
+"""What a rule is: how one module type's per-sample gradients follow from its inputs and outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from cockpit_core import PerSampleGrads
+
+Piece = tuple[Any, Tensor]
+"""``(saved, grad_output)``: what a rule kept from one use, and the gradient of its output."""
+
+
+@dataclass
+class Use:
+    """One use of a module's parameters in the forward pass.
+
+    Attributes:
+        params: ``(owner module, attribute)`` of each parameter this use feeds.
+        saved: What the rule keeps from the forward pass (e.g. the layer input).
+        output: The tensor whose gradient completes this use (its output).
+
+    """
+
+    params: tuple[tuple[torch.nn.Module, str], ...]
+    saved: Any
+    output: Tensor
+
+
+class Rule:
+    """Per-sample gradients of the parameters of one kind of module.
+
+    A rule sees the forward pass of a module, keeps what it needs (:meth:`uses`), and once
+    the gradients of the outputs arrived during ``backward`` forms the per-sample gradients
+    of each parameter (:meth:`per_sample`). Gradients ``grad`` of a module output are those
+    of the mini-batch loss, the mean of per-sample losses, so ``B * grad[n]`` is the
+    gradient of sample ``n``'s own loss (batch on dimension 0).
+
+    Class attributes:
+        modules: The module classes the rule handles (exact types: a subclass may change
+            the forward pass).
+        intercepts: A functional the module's ``forward`` calls (e.g.
+            ``F.multi_head_attention_forward``); the rule then computes it itself in
+            :meth:`intercept` instead of observing the module's output.
+
+    """
+
+    modules: ClassVar[tuple[type, ...]] = ()
+    intercepts: ClassVar[Callable[..., Any] | None] = None
+
+    def supports(self, module: torch.nn.Module) -> str | None:
+        """``None`` if the rule handles this configuration of ``module``, else why not."""
+        return None
+
+    def owned(self, module: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+        """``(owner, attribute)`` of the parameters the rule serves for ``module``."""
+        return [(module, name) for name, _ in module.named_parameters(recurse=False)]
+
+    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> list[Use]:
+        """What to keep of one forward call of ``module`` (forward-hook rules)."""
+        return []
+
+    def intercept(
+        self,
+        module: torch.nn.Module,
+        record: Callable[[Use], None],
+        func: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
+        """Compute ``func(*args, **kwargs)`` and ``record`` its uses (intercepting rules)."""
+        return func(*args, **kwargs)
+
+    def per_sample(
+        self, owner: torch.nn.Module, attr: str, pieces: list[Piece], batch_size: int
+    ) -> PerSampleGrads:
+        """The per-sample gradients of ``owner.<attr>`` from all its uses' pieces."""
+        raise NotImplementedError
+
+
+def first_input(args: tuple, kwargs: dict, name: str = "input") -> Tensor:
+    """The module's first argument, given by position or as ``name=...``."""
+    if args:
+        return args[0]
+    if name in kwargs:
+        return kwargs[name]
+    raise ValueError(f"the module was called without its {name!r} argument")
+
+
+def batch_first(tensor: Tensor, batch_size: int, what: str) -> Tensor:
+    """``tensor`` itself if its dimension 0 is the batch; raise ``ValueError`` saying so if not."""
+    if tensor.dim() == 0 or tensor.shape[0] != batch_size:
+        got = "a scalar" if tensor.dim() == 0 else f"{tensor.shape[0]} entries on dimension 0"
+        if tensor.dim() > 0 and tensor.shape[0] == 1:
+            fix = (
+                "the module seems to run once for the whole batch and its output is "
+                "broadcast over the samples (e.g. positions [1, T] or [T] looked up once), "
+                "which hides the per-sample gradients from module hooks; expand its input to "
+                "the batch first (positions.expand(B, -1)), or let torch.func serve it "
+                "(cp.attach(model, loss_fn))"
+            )
+        else:
+            fix = (
+                "module hooks need the batch on dimension 0 (batch_first=True layouts); if "
+                "it is, info['batch_size'] is wrong: pass the size of the mini-batch"
+            )
+        raise ValueError(f"{what} has {got}, but the batch has {batch_size} samples: {fix}")
+    return tensor
+
+
+def sum_over_middle(tensor: Tensor, keep_last: int) -> Tensor:
+    """Sum over every dimension between the batch (0) and the last ``keep_last`` ones."""
+    dims = tuple(range(1, tensor.dim() - keep_last))
+    return tensor.sum(dim=dims) if dims else tensor

@@ -1,0 +1,57 @@
+"""``nn.Embedding``: ``y_nt = W[i_nt]``, so ``g_n(W)[v] = sum_{t: i_nt = v} d_nt``.
+
+The per-sample gradients are sparse: sample ``n`` touches at most ``T`` rows of the ``V x
+dim`` weight. :class:`~cockpit_core.EmbeddingGrads` sums the rows a sample touches and
+computes norms, sums of squares, Gram matrices and projections from them alone. The
+padding row (``padding_idx``) receives no gradient, as in PyTorch's backward.
+
+The lookup is a linear layer with one-hot inputs ``a_nt = e_{i_nt}`` (Goodfellow, 2015,
+"Efficient per-example gradient computations": ``g_n = sum_t d_nt a_nt^T``, here stored
+by rows). ``max_norm`` renormalizes the looked-up rows in place before the lookup,
+outside autograd, so the formula holds for the renormalized weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from cockpit_core import EmbeddingGrads, PerSampleGrads
+from cockpit_hooks.rules.base import Piece, Rule, Use, batch_first, first_input
+
+
+class EmbeddingRule(Rule):
+    """``nn.Embedding`` (dense gradients, no frequency scaling)."""
+
+    modules = (torch.nn.Embedding,)
+
+    def supports(self, module: torch.nn.Module) -> str | None:
+        """Not ``scale_grad_by_freq`` (it mixes the samples) nor ``sparse`` gradients."""
+        if module.scale_grad_by_freq:
+            return (
+                "scale_grad_by_freq=True scales each row's gradient by its frequency in the "
+                "whole batch, which mixes the samples"
+            )
+        if module.sparse:
+            return "sparse=True gives sparse gradients"
+        return None
+
+    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
+        """The looked-up indices; the gradient of the looked-up rows completes the use."""
+        return [Use(((module, "weight"),), first_input(args, kwargs).detach(), output)]
+
+    def per_sample(
+        self, owner: torch.nn.Module, attr: str, pieces: list[Piece], batch_size: int
+    ) -> PerSampleGrads:
+        """Sparse rows: the rows each sample looked up, with its output gradients summed."""
+        indices, grads = [], []
+        for saved, grad in pieces:
+            idx = batch_first(saved, batch_size, f"the input of {type(owner).__name__}")
+            indices.append(idx.reshape(batch_size, -1))
+            grads.append((grad * batch_size).reshape(batch_size, -1, grad.shape[-1]))
+        return EmbeddingGrads(
+            torch.cat(indices, dim=1),
+            torch.cat(grads, dim=1),
+            owner.num_embeddings,
+            owner.padding_idx,
+        )
