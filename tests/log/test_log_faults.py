@@ -14,6 +14,9 @@ import pytest
 import torch
 
 import cockpit_core.log as log_module
+import cockpit_core.log.atomic as log_atomic
+import cockpit_core.log.format as log_format
+import cockpit_core.log.write as log_write
 from cockpit_core import Cockpit, ConfigError
 from cockpit_core.log import LogFormatError, LogWriter, read_log, read_records, read_run
 from cockpit_core.testing import run_cockpit, tiny_mlp
@@ -141,7 +144,7 @@ def test_fsync_failures_are_warned_once_and_records_still_written(tmp_path, monk
     def failing_fsync(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(log_module.os, "fsync", failing_fsync)
+    monkeypatch.setattr(log_write.os, "fsync", failing_fsync)
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path, fsync_every=0)
     with warnings.catch_warnings(record=True) as caught:
@@ -203,7 +206,7 @@ def test_training_with_keep_in_memory_false_survives_a_full_disk(tmp_path):
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    import cockpit_core.log as log
+    import cockpit_core.log.atomic as atomic
     from cockpit_core.testing import run_cockpit, tiny_mlp
 
     cp = run_cockpit(tiny_mlp(), ["loss"], steps=2).cockpit
@@ -212,7 +215,7 @@ CHILD = textwrap.dedent(
     cp._output[99] = {"loss": 1.0}
     def killed(fd):
         os.kill(os.getpid(), signal.SIGKILL)
-    log.os.fsync = killed
+    atomic.os.fsync = killed
     cp.write(sys.argv[1])
     print("not reached", flush=True)
     """
@@ -241,7 +244,7 @@ def test_a_failed_write_raises_and_keeps_the_previous_file(tmp_path, monkeypatch
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(log_module.os, "fsync", full)
+    monkeypatch.setattr(log_atomic.os, "fsync", full)
     cp._output[5] = {"loss": 0.5}
     with pytest.raises(OSError, match="No space left"):
         cp.write(path)
@@ -401,7 +404,7 @@ def test_runs_override_values_errors_and_skips_of_the_steps_they_record(tmp_path
 
 
 def test_a_record_too_large_for_one_line_is_written_with_placeholders(tmp_path, monkeypatch):
-    monkeypatch.setattr(log_module, "MAX_LINE_BYTES", 4096)
+    monkeypatch.setattr(log_format, "MAX_LINE_BYTES", 4096)
     path = tmp_path / "log.jsonl"
     writer = LogWriter(path)
     record = {"kind": "values", "step": 7, "values": {"small": 1.0, "big": np.zeros(5000)}}

@@ -160,12 +160,12 @@ def test_files_that_are_not_logs_get_clear_errors(tmp_path):
 
 
 def test_fsync_interval(tmp_path, monkeypatch):
-    import cockpit_core.log as log
+    import cockpit_core.log.write as log_write
 
     calls = []
     clock = [0.0]
-    monkeypatch.setattr(log.os, "fsync", lambda fd: calls.append(fd))
-    monkeypatch.setattr(log.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(log_write.os, "fsync", lambda fd: calls.append(fd))
+    monkeypatch.setattr(log_write.time, "monotonic", lambda: clock[0])
 
     writer = LogWriter(tmp_path / "a.jsonl", fsync_every=5.0)
     for t in (1.0, 2.0, 5.5, 6.0, 10.0, 10.6):  # syncs at 5.5 and 10.6 (>= 5 s after 5.5)

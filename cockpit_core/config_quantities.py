@@ -1,0 +1,154 @@
+"""Quantity entries of a config into Quantity instances, presets expanded.
+
+:func:`resolve_quantities` turns names, presets, option dicts, classes and instances into
+:class:`~cockpit_core.quantity.Quantity` instances, reporting every problem with its field
+path; :func:`key_collisions` finds quantities that would write the same output key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Union
+
+from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
+from cockpit_core.quantity import Quantity, validate_config
+from cockpit_core.registry import Registry
+
+QuantitySpec = Union[str, dict[str, Any], Quantity, type]
+"""A quantity name, preset name, option dict, Quantity instance or Quantity class."""
+
+
+def resolve_quantities(
+    spec: QuantitySpec | Iterable[QuantitySpec], registry: Registry, source: str | None = None
+) -> list[Quantity]:
+    """Turn names, presets, dicts, classes and instances into Quantity instances.
+
+    Raises:
+        ConfigError: One entry per problem, each with its field path (``quantities.2.bins``)
+            and, for unknown names, the closest installed name; also when two quantities
+            would write the same output key.
+
+    """
+    errors: list[tuple[str, str]] = []
+    out: list[Quantity] = []
+    paths: list[str] = []
+    if isinstance(spec, (str, dict, Quantity, type)):
+        entries: list[Any] = [spec]
+    elif isinstance(spec, Iterable):
+        entries = list(spec)
+    else:
+        raise ConfigError(
+            [
+                (
+                    "quantities",
+                    f"expected a preset name or a list of quantities, got {type(spec).__name__}",
+                )
+            ],
+            source,
+        )
+    for i, entry in enumerate(entries):
+        path = f"quantities.{i}" if not isinstance(spec, (str, dict)) else "quantities"
+        try:
+            resolved = _resolve_one(entry, registry, path, seen_presets=())
+        except ConfigError as err:
+            errors.extend(err.errors)
+        else:
+            out.extend(resolved)
+            paths.extend([path] * len(resolved))
+    errors.extend(key_collisions(out, paths))
+    if errors:
+        raise ConfigError(errors, source)
+    return out
+
+
+def key_collisions(
+    quantities: list[Quantity], paths: list[str] | None = None
+) -> list[tuple[str, str]]:
+    """``(path, message)`` for every quantity whose output key an earlier one already writes.
+
+    Args:
+        quantities: The quantities in config order.
+        paths: Where each quantity is in the config (default ``quantities.<index>``).
+
+    """
+    paths = paths if paths is not None else [f"quantities.{i}" for i in range(len(quantities))]
+    seen: dict[str, str] = {}
+    errors = []
+    for path, q in zip(paths, quantities):
+        if q.key in seen:
+            where = "within this entry" if seen[q.key] == path else f"also {seen[q.key]}"
+            errors.append(
+                (path, f"'{q.key}' is tracked twice ({where}); give one of them a distinct 'label'")
+            )
+        seen.setdefault(q.key, path)
+    return errors
+
+
+def check_unique_keys(quantities: list[Quantity], source: str | None = None) -> None:
+    """Raise :class:`ConfigError` if two quantities would write the same output key."""
+    errors = key_collisions(quantities)
+    if errors:
+        raise ConfigError(errors, source)
+
+
+def _resolve_one(
+    entry: Any, registry: Registry, path: str, seen_presets: tuple[str, ...]
+) -> list[Quantity]:
+    if isinstance(entry, Quantity):
+        return [entry]
+    if isinstance(entry, type) and issubclass(entry, Quantity):
+        return [entry()]
+    if isinstance(entry, str):
+        if entry in registry.presets:
+            return _expand_preset(entry, registry, path, seen_presets)
+        return [_instantiate(entry, {}, registry, path, path)]
+    if isinstance(entry, dict):
+        if "name" not in entry:
+            raise ConfigError([(path, "missing 'name': which quantity is this?")])
+        name = entry["name"]
+        if not isinstance(name, str):
+            raise ConfigError([(f"{path}.name", "must be a string")])
+        options = {k: v for k, v in entry.items() if k != "name"}
+        if name in registry.presets:
+            if options:
+                raise ConfigError([(path, f"preset '{name}' takes no options")])
+            return _expand_preset(name, registry, path, seen_presets)
+        return [_instantiate(name, options, registry, path, f"{path}.name")]
+    raise ConfigError(
+        [
+            (
+                path,
+                f"expected a quantity name, an option dict or a Quantity, got {type(entry).__name__}",
+            )
+        ]
+    )
+
+
+def _instantiate(
+    name: str, options: dict[str, Any], registry: Registry, path: str, name_path: str
+) -> Quantity:
+    try:
+        cls = registry.get(name)
+    except (UnknownQuantityError, DuplicateQuantityError) as err:
+        raise ConfigError([(name_path, str(err))]) from None
+    config = validate_config(cls.Config, options, prefix=path)
+    return cls(config)
+
+
+def _expand_preset(
+    name: str, registry: Registry, path: str, seen: tuple[str, ...]
+) -> list[Quantity]:
+    if name in seen:
+        raise ConfigError([(path, f"preset '{name}' includes itself")])
+    preset = registry.preset(name)
+    out, errors = [], []
+    for member in preset.quantities:
+        try:
+            out.extend(_resolve_one(member, registry, path, seen + (name,)))
+        except ConfigError as err:
+            errors.extend(
+                (p, f"preset '{name}' (from {preset.distribution}): {m}") for p, m in err.errors
+            )
+    if errors:
+        raise ConfigError(errors)
+    return out

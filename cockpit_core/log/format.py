@@ -1,0 +1,65 @@
+"""What the log format fixes for the encoder, the reader and the writer alike.
+
+Its version, its limits, the placeholder prefix, the marker keys and numpy dtypes it allows,
+how a record line starts, and how dict keys that look like markers (``"__x__"``) are
+escaped with a ``~`` on writing and unescaped on reading. :mod:`cockpit_core.log`
+describes the format as a whole.
+
+The other modules look the public constants up here when they use them, so setting one
+on the package (``cockpit_core.log.MAX_LINE_BYTES = 2**31``) changes it for the reader and
+the writer alike.
+"""
+
+from __future__ import annotations
+
+import re
+
+LOG_FORMAT_VERSION = 2
+"""Version of the record layout; written into each header as ``log_format``.
+
+1: the original layout. 2: adds ``run`` to headers (several runs per file), ``~``-escaped
+marker-like keys and ``__int__`` entries. Readers read both.
+"""
+
+MAX_ARRAY_ELEMENTS = 2**26
+"""Most elements one array may have: larger arrays are written as placeholders, and the
+reader refuses larger declared shapes before allocating anything."""
+
+MAX_LINE_BYTES = 2**30
+"""Most bytes of one JSON Lines record or of a whole consolidated file (1 GiB)."""
+
+MAX_VALUE_DEPTH = 64
+"""Most levels of nested dicts/lists in a value; deeper parts become placeholders."""
+
+MAX_INT_BITS = 2**20
+"""Largest Python int (in bits) written exactly (as ``__int__``); larger ones are placeholders."""
+
+MAX_PENDING_BYTES = 2**26
+"""Default bound of the buffer that holds records the writer could not write (64 MiB)."""
+
+PLACEHOLDER_PREFIX = "<unserializable: "
+"""Every placeholder string starts with this."""
+
+_SAFE_DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
+    "complex64 complex128".split()
+)
+_ALLOWED_MARKERS = frozenset({"__ndarray__", "__complex__", "__int__"})
+_NDARRAY_KEYS = frozenset({"__ndarray__", "dtype", "shape", "Corder", "endian"})
+_RECORD_START = re.compile(rb'\s*\{\s*"kind"\s*:')
+_HEADER_START = re.compile(rb'\s*\{\s*"kind"\s*:\s*"header"')
+
+
+def _is_marker(key: str) -> bool:
+    return len(key) >= 4 and key.startswith("__") and key.endswith("__")
+
+
+def _escape(key: str) -> str:
+    """Marker-like keys (``~*__x__``) get one more leading ``~``; others stay."""
+    return "~" + key if _is_marker(key.lstrip("~")) else key
+
+
+def _unescape(key: str) -> str:
+    if key.startswith("~") and _is_marker(key.lstrip("~")):
+        return key[1:]
+    return key

@@ -1,0 +1,301 @@
+"""Reading logs back, bounded: :class:`LogData`, :func:`read_run`, :func:`read_log`.
+
+Reads a JSON Lines log (several runs; for every step the latest run that recorded it wins)
+or a consolidated JSON file. A line may hold at most :data:`~cockpit_core.log.MAX_LINE_BYTES`
+bytes, a torn last line is skipped with a warning, and every malformed input raises
+:class:`~cockpit_core.log.LogFormatError` naming the file and line. See
+:mod:`cockpit_core.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import cockpit_core.log.format as log_format
+from cockpit_core.errors import CockpitWarning
+from cockpit_core.log.decode import LogFormatError, _decode
+from cockpit_core.log.format import _RECORD_START
+
+
+@dataclass
+class LogData:
+    """A log loaded back: what the dashboard and analysis code read.
+
+    Attributes:
+        header: The last header record (without ``kind``), ``{}`` if the file has none.
+        output: ``{step: {quantity_key: value}}``, steps sorted. A step that several runs
+            recorded holds the values of the latest of them.
+        errors: The ``error`` records (quantities that failed at a step, values written as
+            placeholders), except those of steps that a later run recorded again.
+        skipped: The ``skipped`` records (steps whose quantities were not computed, e.g.
+            because the loss was not finite), likewise.
+        headers: Every run's header, in file order (``header`` is the last).
+
+    """
+
+    header: dict[str, Any] = field(default_factory=dict)
+    output: dict[int, dict[str, Any]] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _limits(max_line_bytes: int | None, max_array_elements: int | None) -> tuple[int, int]:
+    return (
+        log_format.MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes,
+        log_format.MAX_ARRAY_ELEMENTS if max_array_elements is None else max_array_elements,
+    )
+
+
+def _only_blank_after(f: IO[bytes]) -> bool:
+    while chunk := f.read(1 << 20):
+        if chunk.strip():
+            return False
+    return True
+
+
+def _iter_records(
+    f: IO[bytes], path: Path, max_line_bytes: int, max_elements: int
+) -> Iterator[dict[str, Any]]:
+    """Every complete record (checked); a torn last line is skipped with a warning."""
+    number = 0
+    while line := f.readline(max_line_bytes + 1):
+        number += 1
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            raise LogFormatError(
+                f"{path}, line {number} is longer than the limit of {max_line_bytes} bytes; "
+                "pass a larger max_line_bytes to read it anyway."
+            )
+        if not line.strip():
+            continue
+        try:
+            record = _decode(line.decode("utf-8"), max_elements)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if _only_blank_after(f):
+                warnings.warn(
+                    f"{path}: skipped a torn last line (the run was probably killed while "
+                    "writing it); every complete record before it was read.",
+                    CockpitWarning,
+                    stacklevel=4,
+                )
+                return
+            raise LogFormatError(
+                f"{path}, line {number} is not valid JSON (only the last line of a killed run "
+                "may be incomplete); the file is damaged."
+            ) from None
+        except LogFormatError as err:
+            raise type(err)(f"{path}, line {number}: {err}") from None
+        if not isinstance(record, dict):
+            raise LogFormatError(f"{path}, line {number} is not a JSON object.")
+        kind = record.get("kind")
+        if kind == "values" or (kind in ("error", "skipped") and "step" in record):
+            step = record.get("step")
+            if type(step) is not int:
+                raise LogFormatError(
+                    f"{path}, line {number}: 'step' must be an integer, got {step!r:.40}."
+                )
+        if kind == "values" and not isinstance(record.get("values"), dict):
+            raise LogFormatError(f"{path}, line {number}: 'values' must be a JSON object.")
+        yield record
+
+
+def read_records(
+    path: str | Path,
+    *,
+    max_line_bytes: int | None = None,
+    max_array_elements: int | None = None,
+) -> list[dict[str, Any]]:
+    """Every complete record of a JSON Lines log; a torn last line is skipped with a warning.
+
+    Args:
+        path: The log.
+        max_line_bytes: Longest line read (default :data:`MAX_LINE_BYTES`).
+        max_array_elements: Largest array read (default :data:`MAX_ARRAY_ELEMENTS`).
+
+    Raises:
+        UnsafeLogError: An entry would import or build objects (see :mod:`cockpit_core.log`).
+        LogFormatError: A line other than the last is not valid JSON, or any line holds a
+            malformed entry or exceeds a limit.
+
+    """
+    path = Path(path)
+    line_limit, elements = _limits(max_line_bytes, max_array_elements)
+    with open(path, "rb") as f:
+        return list(_iter_records(f, path, line_limit, elements))
+
+
+def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"header": header, "steps": set(), "values": {}, "events": []}
+
+
+def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
+    """Merge the runs of a log: the latest run that records a step decides that step."""
+    runs = [_new_run()]
+    for record in records:
+        kind = record.get("kind")
+        run = runs[-1]
+        if kind == "header":
+            header = {k: v for k, v in record.items() if k != "kind"}
+            if run["header"] is None and not run["steps"] and not run["events"]:
+                run["header"] = header
+            else:
+                runs.append(_new_run(header))
+        elif kind == "values":
+            run["values"].setdefault(record["step"], {}).update(record["values"])
+            run["steps"].add(record["step"])
+        elif kind in ("error", "skipped"):
+            if "step" in record:
+                run["steps"].add(record["step"])
+            run["events"].append(record)
+    data = LogData()
+    claimed: set[int] = set()
+    kept: list[list[dict[str, Any]]] = []
+    for run in reversed(runs):
+        for step, values in run["values"].items():
+            if step not in claimed:
+                data.output[step] = values
+        kept.append([e for e in run["events"] if e.get("step") not in claimed])
+        claimed |= run["steps"]
+    for events in reversed(kept):
+        for event in events:
+            (data.errors if event["kind"] == "error" else data.skipped).append(event)
+    data.headers = [run["header"] for run in runs if run["header"] is not None]
+    data.header = data.headers[-1] if data.headers else {}
+    data.output = dict(sorted(data.output.items()))
+    return data
+
+
+def _from_consolidated(data: Any, path: Path) -> LogData:
+    if not isinstance(data, dict):
+        raise LogFormatError(f"{path} is not a cockpit log: it is not a JSON object.")
+    if "output" not in data:
+        raise LogFormatError(
+            f"{path} is a JSON object without 'output': not a cockpit log (write one with "
+            "Cockpit(..., log='run/log.jsonl') or cp.write('run/output.json'))."
+        )
+    output = data["output"]
+    bad = LogFormatError(f"{path}: 'output' must map step numbers to values.")
+    if not isinstance(output, dict):
+        raise bad
+    steps = {}
+    for key, values in output.items():
+        if not (re.fullmatch(r"-?\d{1,20}", key) and isinstance(values, dict)):
+            raise bad
+        steps[int(key)] = dict(values)
+    header = data.get("header") or {}
+    lists = {name: data.get(name) or [] for name in ("errors", "skipped")}
+    if not isinstance(header, dict) or not all(
+        isinstance(v, list) and all(isinstance(e, dict) for e in v) for v in lists.values()
+    ):
+        raise LogFormatError(
+            f"{path}: 'header' must be an object, 'errors' and 'skipped' lists of objects."
+        )
+    return LogData(
+        header=dict(header),
+        output=dict(sorted(steps.items())),
+        errors=list(lists["errors"]),
+        skipped=list(lists["skipped"]),
+        headers=[dict(header)] if header else [],
+    )
+
+
+def _read_consolidated(f: IO[bytes], path: Path, line_limit: int, elements: int) -> LogData:
+    f.seek(0)
+    raw = f.read(line_limit + 1)
+    if len(raw) > line_limit:
+        raise LogFormatError(
+            f"{path} is a JSON file of more than {line_limit} bytes; pass a larger "
+            "max_line_bytes to read it anyway."
+        )
+    lines = raw.count(b"\n", 0, len(raw.rstrip())) + 1
+    try:
+        data = _decode(raw.decode("utf-8"), elements)
+    except json.JSONDecodeError as err:
+        raise LogFormatError(
+            f"{path}, line {err.lineno}: not valid JSON ({err.msg}); a file cut short, or not "
+            "a cockpit log."
+        ) from None
+    except UnicodeDecodeError:
+        raise LogFormatError(f"{path} is not UTF-8 text: not a cockpit log.") from None
+    except LogFormatError as err:
+        where = "line 1" if lines == 1 else f"lines 1-{lines}"
+        raise type(err)(f"{path}, {where}: {err}") from None
+    return _from_consolidated(data, path)
+
+
+def read_run(
+    path: str | Path,
+    *,
+    max_line_bytes: int | None = None,
+    max_array_elements: int | None = None,
+) -> LogData:
+    """Load a JSON Lines log or a consolidated JSON file (header, values, errors).
+
+    A JSON Lines log may hold several runs (a resumed training appends one): for every
+    step, the latest run that recorded it wins; ``header`` is the last run's header.
+
+    Args:
+        path: The file.
+        max_line_bytes: Longest line (or consolidated file) read (default
+            :data:`MAX_LINE_BYTES`).
+        max_array_elements: Largest array read (default :data:`MAX_ARRAY_ELEMENTS`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        UnsafeLogError: An entry would import or build objects; nothing was run.
+        LogFormatError: The file is not a cockpit log, is damaged before its last line,
+            holds a malformed entry or exceeds a limit (the message names the line).
+
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no log file at {path}")
+    line_limit, elements = _limits(max_line_bytes, max_array_elements)
+    with open(path, "rb") as f:
+        first = b""
+        while not first.strip():
+            first = f.readline(line_limit + 1)
+            if not first:
+                raise LogFormatError(f"{path} is empty: not a cockpit log.")
+        if not first.lstrip().startswith(b"{"):
+            raise LogFormatError(
+                f"{path} is not a cockpit log: it does not start with a JSON object."
+            )
+        if not _RECORD_START.match(first):
+            if len(first) > line_limit and not first.endswith(b"\n"):
+                return _read_consolidated(f, path, line_limit, elements)
+            try:
+                single = _decode(first.decode("utf-8"), elements)
+            except (json.JSONDecodeError, UnicodeDecodeError):  # pretty-printed or cut short
+                return _read_consolidated(f, path, line_limit, elements)
+            except LogFormatError as err:
+                raise type(err)(f"{path}, line 1: {err}") from None
+            if not (isinstance(single, dict) and "kind" in single) and _only_blank_after(f):
+                return _from_consolidated(single, path)
+        del first
+        f.seek(0)
+        return _assemble(_iter_records(f, path, line_limit, elements))
+
+
+def read_log(
+    path: str | Path,
+    *,
+    max_line_bytes: int | None = None,
+    max_array_elements: int | None = None,
+) -> dict[int, dict[str, Any]]:
+    """Load a JSON Lines log or a consolidated JSON file into ``{step: {name: value}}``.
+
+    Both forms give the same structure; a torn last line of a JSON Lines log is skipped
+    with a warning, and of steps recorded by several runs the latest run wins. Nothing in
+    the file is ever imported or executed (see :class:`UnsafeLogError`); limits as in
+    :func:`read_run`.
+    """
+    return read_run(
+        path, max_line_bytes=max_line_bytes, max_array_elements=max_array_elements
+    ).output
