@@ -146,11 +146,7 @@ def check_model(
             _, problem = router.describe(stat)
             if problem:
                 problems.append(problem)
-                if stat.kind in ("diag_hessian", "diag_ggn_exact", "diag_ggn_mc"):
-                    hints.append(
-                        "Quantities based on Hessian-vector products (hess_max_ev, "
-                        "hess_trace with method='hutchinson') work on any model."
-                    )
+                hints.append(getattr(stat.kind, "alternative", ""))
         caveat = ""
         if any(r.loss_graph for r in requirements):
             hows.append("autograd Hessian-vector products")

@@ -277,11 +277,9 @@ class StepSync:
 
 
 def _row_shape(stat: Statistic, p: Tensor) -> tuple[int, ...] | None:
-    if stat.kind in ("batch_l2", "batch_projection"):
-        return ()
-    if stat.kind == "grad_batch":
-        return tuple(p.shape)
-    return None
+    """One sample's value shape of a gathered kind that is zero for a zero gradient."""
+    sample_shape = getattr(stat.kind, "sample_shape", None)
+    return None if sample_shape is None else tuple(sample_shape(p))
 
 
 def _scalar(loss: Any) -> float:
@@ -291,12 +289,9 @@ def _scalar(loss: Any) -> float:
 
 
 def _not_combinable(stat: Statistic) -> str:
-    if stat.kind == "batch_dot":
-        return (
-            "BATCH_DOT (the B x B Gram matrix of per-sample gradients) cannot be combined "
-            "across processes without sending per-sample gradients between them. Use "
-            "BATCH_PROJECTION (g_n . g) and BATCH_L2 instead, or run in one process."
-        )
+    why = getattr(stat.kind, "not_combinable", "")
+    if why:
+        return f"{stat.describe()}: {why}."
     return (
         f"{stat.describe()} declares no cross-process reduction, so it is not available "
         "under torch.distributed. Its author can pass reduce='sum', 'mean' or 'gather' to "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -35,10 +35,13 @@ from cockpit_core.statistics.kinds import (
     resolve_kind,
 )
 
+if TYPE_CHECKING:
+    from cockpit_core.statistics.per_sample import PerSampleGrads
+
 TransformFn = Callable[[Tensor, Tensor], Tensor]
 """``fn(per_sample_grads, param) -> Tensor`` with ``per_sample_grads`` of shape ``[B, *param.shape]``."""
 
-FactoredTransformFn = Callable[[Any, Tensor], Any]
+FactoredTransformFn = Callable[["PerSampleGrads", Tensor], Any]
 """``fn(per_sample_grads, param) -> Tensor`` on a factored
 :class:`~cockpit_core.statistics.per_sample.PerSampleGrads` (see ``factored_fn``); may
 return ``NotImplemented`` to fall back to ``fn`` on the materialized gradients."""
@@ -149,13 +152,17 @@ def per_sample_transform(
             by batch size), ``"gather"`` (one row per sample) or ``None`` (not combinable;
             the statistic is then unavailable under ``torch.distributed``).
         max_last: With ``reduce="sum"``, the number of trailing entries that are maxima.
-        factored_fn: Optional ``factored_fn(factors, param) -> Tensor``, called instead of
-            ``fn`` for a layer whose per-sample gradients a backend holds in factored form
-            (linear and Conv2d weights): ``factors`` has ``dot(V)`` (``g_n . V_k``,
-            ``[B, K]``), ``mean()``, ``materialize()`` and, for linear layers, the factors
-            ``a`` (``[B, in]``) and ``d`` (``[B, out]``) of ``g_n = d_n a_n^T``. It must
-            return what ``fn`` returns on ``factors.materialize()`` (up to rounding).
-            Backends without factors always call ``fn`` (see docs/writing_quantities.md).
+        factored_fn: Optional ``factored_fn(grads, param) -> Tensor``, called instead of
+            ``fn`` for a parameter whose per-sample gradients the provider holds in a
+            factored form (``grads.factored``): a
+            :class:`~cockpit_core.statistics.per_sample.PerSampleGrads` subclass, e.g.
+            :class:`~cockpit_core.statistics.per_sample.OuterProductGrads` for linear layers
+            (``g_n = sum_t d_nt a_nt^T`` with or without a sequence axis ``t``), ``ConvGrads``
+            or ``EmbeddingGrads``. Every form has ``dot(V)`` (``g_n . V_k``, ``[B, K]``),
+            ``mean()``, ``blocks()`` and ``materialize()``; test the form with
+            ``isinstance`` before using its factors. It must return what ``fn`` returns on
+            ``grads.materialize()`` (up to rounding), or ``NotImplemented`` to let the core
+            call ``fn`` on materialized blocks (see docs/writing_quantities.md).
 
     """
     if reduce not in REDUCTIONS:

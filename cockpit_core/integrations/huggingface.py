@@ -6,8 +6,10 @@ describe clipped gradients (a callback-only host gave a wrong GSNR). ``CockpitTr
 overrides ``training_step`` instead: it computes the loss as the Trainer does and wraps
 the backward pass in ``with cockpit(step, info=...)``.
 
-Per-sample statistics need the model (and loss) extended for BackPACK, and models that
-BackPACK does not support need the ``torch.func`` backend (see ``docs/integrations.md``).
+Per-sample statistics come from the Cockpit's statistics providers: build it with
+``Cockpit(model, ...)`` (or call ``cp.attach(model)``) so that module hooks serve the
+model's linear, embedding, normalization and attention layers in the Trainer's own pass
+(``docs/any_model.md``); ``cp.check(model)`` shows which provider serves each parameter.
 
 Mixed precision: with ``fp16=True`` the Accelerator scales the loss with its
 ``GradScaler`` (``self.accelerator.scaler``); ``CockpitTrainer`` passes it as

@@ -157,11 +157,6 @@ def _prod(values) -> int:
     return out
 
 
-def per_sample_conv_weight(module: torch.nn.Module, inputs: Tensor, grad_out: Tensor) -> Tensor:
-    """``g_n(W) = D_n U_n^T`` for every sample, shaped ``[B, *weight.shape]``."""
-    return ConvWeightFactors(module, inputs.detach(), grad_out.detach()).materialize()
-
-
 CURVATURE_BLOCK = 1 << 22
 """Elements formed per block of samples by :func:`conv_weight_diagonal` (16 MiB of float32):
 the block's ``[samples, V C_out, C_in k_h k_w]`` products, its slice of the factor and its

@@ -44,6 +44,9 @@ COMBINE_RULES = frozenset({"sum", "mean", "gather", "project", "declared", None}
 FromPerSample = Callable[["PerSampleGrads", "Statistic", "Tensor"], Any]
 """``fn(per_sample_grads, statistic, param) -> value`` of a per-sample kind."""
 
+SampleShape = Callable[["Tensor"], tuple[int, ...]]
+"""``fn(param) -> shape`` of one sample's value of a gathered kind."""
+
 
 class StatisticKind(str):
     """A kind of per-parameter statistic: its name and how it combines.
@@ -57,6 +60,14 @@ class StatisticKind(str):
             the value from a :class:`~cockpit_core.statistics.per_sample.PerSampleGrads`.
         install_hint: What to install when no installed provider delivers the kind
             (e.g. ``"pip install cockpit-backpack"``); shown in errors.
+        sample_shape: For ``gather`` and ``project`` kinds whose value is zero for a zero
+            gradient: ``fn(param) -> shape`` of one sample's value. A process on which the
+            parameter received no gradient then contributes zeros under
+            ``torch.distributed`` instead of failing the statistic.
+        not_combinable: For ``combine=None``: why the kind cannot be combined across
+            processes, and what to use instead; shown in the error.
+        alternative: What to track instead when installed providers cannot serve some
+            parameters; shown by ``cp.check``.
 
     """
 
@@ -65,6 +76,9 @@ class StatisticKind(str):
     description: str
     from_per_sample: FromPerSample | None
     install_hint: str
+    sample_shape: SampleShape | None
+    not_combinable: str
+    alternative: str
 
     def __new__(
         cls,
@@ -75,6 +89,9 @@ class StatisticKind(str):
         description: str = "",
         from_per_sample: FromPerSample | None = None,
         install_hint: str = "",
+        sample_shape: SampleShape | None = None,
+        not_combinable: str = "",
+        alternative: str = "",
     ) -> StatisticKind:
         """Create the kind (see the class docstring for the arguments)."""
         if combine not in COMBINE_RULES:
@@ -91,6 +108,9 @@ class StatisticKind(str):
         kind.description = description
         kind.from_per_sample = from_per_sample
         kind.install_hint = install_hint
+        kind.sample_shape = sample_shape
+        kind.not_combinable = not_combinable
+        kind.alternative = alternative
         return kind
 
     @property
@@ -104,28 +124,11 @@ class StatisticKind(str):
         )
 
     def __reduce__(self) -> Any:  # pickling (torch.distributed spawn) keeps the attributes
-        return (
-            _rebuild,
-            (
-                self.name,
-                self.per_sample,
-                self.combine,
-                self.description,
-                self.from_per_sample,
-                self.install_hint,
-            ),
-        )
+        return (_rebuild, (self.name, dict(self.__dict__)))
 
 
-def _rebuild(name, per_sample, combine, description, from_per_sample, install_hint):  # noqa: D103
-    return StatisticKind(
-        name,
-        per_sample=per_sample,
-        combine=combine,
-        description=description,
-        from_per_sample=from_per_sample,
-        install_hint=install_hint,
-    )
+def _rebuild(name: str, declarations: dict[str, Any]) -> StatisticKind:
+    return StatisticKind(name, **declarations)
 
 
 # -- the built-in kinds ---------------------------------------------------------------------
@@ -139,6 +142,14 @@ def _transform(grads: PerSampleGrads, stat: Statistic, param: Tensor) -> Any:
     return stat.fn(grads.materialize(), param)  # type: ignore[misc]
 
 
+def _scalar_per_sample(param: Tensor) -> tuple[int, ...]:
+    return ()
+
+
+_HVP_ALTERNATIVE = (
+    "Quantities based on Hessian-vector products (hess_max_ev, hess_trace with "
+    "method='hutchinson') work on any model."
+)
 _CURVATURE_HINT = (
     "curvature diagonals come from BackPACK's second-order extensions: pip install "
     "cockpit-backpack (or track quantities based on Hessian-vector products, e.g. "
@@ -151,6 +162,7 @@ BATCH_L2_KIND = StatisticKind(
     combine="gather",
     description="per-sample squared norms ||g_n||^2, [B]",
     from_per_sample=lambda g, s, p: g.batch_l2(),
+    sample_shape=_scalar_per_sample,
 )
 SUM_GRAD_SQUARED_KIND = StatisticKind(
     "sum_grad_squared",
@@ -165,6 +177,11 @@ BATCH_DOT_KIND = StatisticKind(
     combine=None,
     description="Gram matrix g_n . g_m, [B, B]",
     from_per_sample=lambda g, s, p: g.batch_dot(),
+    not_combinable=(
+        "the B x B Gram matrix of per-sample gradients cannot be combined across processes "
+        "without sending per-sample gradients between them. Use BATCH_PROJECTION "
+        "(g_n . g) and BATCH_L2 instead, or run in one process"
+    ),
 )
 GRAD_BATCH_KIND = StatisticKind(
     "grad_batch",
@@ -172,6 +189,7 @@ GRAD_BATCH_KIND = StatisticKind(
     combine="gather",
     description="the per-sample gradients, [B, *shape]",
     from_per_sample=lambda g, s, p: g.materialize(),
+    sample_shape=lambda p: tuple(p.shape),
 )
 BATCH_PROJECTION_KIND = StatisticKind(
     "batch_projection",
@@ -179,6 +197,7 @@ BATCH_PROJECTION_KIND = StatisticKind(
     combine="project",
     description="projections g_n . V_k on directions from the final gradient, [B] or [B, K]",
     from_per_sample=lambda g, s, p: g,  # projected once the final gradient is known
+    sample_shape=_scalar_per_sample,
 )
 TRANSFORM_KIND = StatisticKind(
     "transform",
@@ -193,6 +212,7 @@ DIAG_HESSIAN_KIND = StatisticKind(
     combine="mean",
     description="diagonal of the Hessian of the mini-batch loss",
     install_hint=_CURVATURE_HINT,
+    alternative=_HVP_ALTERNATIVE,
 )
 DIAG_GGN_EXACT_KIND = StatisticKind(
     "diag_ggn_exact",
@@ -200,6 +220,7 @@ DIAG_GGN_EXACT_KIND = StatisticKind(
     combine="mean",
     description="diagonal of the generalized Gauss-Newton matrix",
     install_hint=_CURVATURE_HINT,
+    alternative=_HVP_ALTERNATIVE,
 )
 DIAG_GGN_MC_KIND = StatisticKind(
     "diag_ggn_mc",
@@ -207,6 +228,7 @@ DIAG_GGN_MC_KIND = StatisticKind(
     combine="mean",
     description="Monte-Carlo estimate of the GGN diagonal",
     install_hint=_CURVATURE_HINT,
+    alternative=_HVP_ALTERNATIVE,
 )
 
 BUILTIN_KINDS: dict[str, StatisticKind] = {

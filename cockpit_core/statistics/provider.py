@@ -64,10 +64,14 @@ class ParamSlot:
 
     @property
     def label(self) -> str:
-        """``'encoder.norm1' (LayerNorm)``, or the parameter name without a model."""
+        """``'encoder.norm1' (LayerNorm)``, or the parameter's name (``'pos' (GPT)``).
+
+        The parameter's name stands for a module without a model, and for parameters the
+        model owns itself.
+        """
         if self.module is None:
             return f"'{self.name}'"
-        return f"'{self.module_name or type(self.module).__name__}' ({type(self.module).__name__})"
+        return f"'{self.module_name or self.name}' ({type(self.module).__name__})"
 
 
 @dataclass

@@ -23,13 +23,15 @@ Statistics providers have their own kit (``docs/providers.md``)::
         check_provider(MyProvider)
 
 Installing ``cockpit-core`` also registers a pytest plugin with the fixtures
-``cockpit_tiny_mlp`` and ``cockpit_tiny_cnn``.
+``cockpit_tiny_mlp`` and ``cockpit_tiny_cnn``; :func:`tiny_transformer` is a model
+BackPACK only partly supports (embedding, attention, LayerNorm).
 """
 
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
 from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
 from cockpit_core.testing.providers import ProviderReport, check_provider
 from cockpit_core.testing.runner import RunResult, StepSnapshot, run_cockpit
+from cockpit_core.testing.transformer import tiny_transformer
 
 __all__ = [
     "ConformanceError",
@@ -42,4 +44,5 @@ __all__ = [
     "run_cockpit",
     "tiny_cnn",
     "tiny_mlp",
+    "tiny_transformer",
 ]

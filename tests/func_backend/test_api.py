@@ -100,7 +100,7 @@ def test_check_reports_how_each_quantity_is_computed():
     report = cp.check(model)
     rows = {r.quantity: r for r in report.rows}
     assert rows["norm_test"].available
-    assert rows["norm_test"].how == "hooks; func for 'TinyTransformer' (TinyTransformer)"
+    assert rows["norm_test"].how == "hooks; func for 'pos' (TinyTransformer)"
     assert rows["hess_max_ev"].available and rows["hess_max_ev"].why == ""
     for name in ("tic_diag", "hess_trace"):  # exact second-order diagonals: BackPACK only
         assert not rows[name].available

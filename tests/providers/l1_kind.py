@@ -24,6 +24,7 @@ BATCH_L1 = StatisticKind(
     combine="gather",
     description="per-sample L1 norms sum_j |g_n[j]|, [B]",
     from_per_sample=batch_l1,
+    sample_shape=lambda param: (),  # one number per sample, 0 for a zero gradient
 )
 
 
