@@ -48,4 +48,3 @@ def test_every_first_order_quantity_through_hooks_equals_the_per_sample_loop():
     assert set(out[2]) == set(QUANTITIES) - {"alpha"}  # alpha of a step needs the next one
     assert not hooks.errors
     assert_close(out, expected, rtol=1e-10, atol=1e-13)
-
