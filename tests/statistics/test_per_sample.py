@@ -32,6 +32,7 @@ def _check_all(grads, dense: torch.Tensor) -> None:
     _close(grads.sum_grad_squared(), ref.sum_grad_squared())
     _close(grads.batch_dot(), ref.batch_dot())
     _close(grads.dot(vectors), ref.dot(vectors))
+    _close(grads.dot(vectors[:1]), ref.dot(vectors[:1]))  # one direction: its own contraction
     _close(grads.mean(), dense.mean(0))
     _close(torch.cat(list(grads.blocks())), dense)
     _close(grads.materialize(), dense)
