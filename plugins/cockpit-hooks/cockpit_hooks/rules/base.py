@@ -95,18 +95,19 @@ def batch_first(tensor: Tensor, batch_size: int, what: str) -> Tensor:
     """``tensor`` itself if its dimension 0 is the batch; raise ``ValueError`` saying so if not."""
     if tensor.dim() == 0 or tensor.shape[0] != batch_size:
         got = "a scalar" if tensor.dim() == 0 else f"{tensor.shape[0]} entries on dimension 0"
+        broadcast = (
+            "the module seems to run once for the whole batch and its output is "
+            "broadcast over the samples (e.g. positions [1, T] or [T] looked up once), "
+            "which hides the per-sample gradients from module hooks; expand its input to "
+            "the batch first (positions.expand(B, -1)), or let torch.func serve it "
+            "(cp.attach(model, loss_fn))"
+        )
         if tensor.dim() > 0 and tensor.shape[0] == 1:
-            fix = (
-                "the module seems to run once for the whole batch and its output is "
-                "broadcast over the samples (e.g. positions [1, T] or [T] looked up once), "
-                "which hides the per-sample gradients from module hooks; expand its input to "
-                "the batch first (positions.expand(B, -1)), or let torch.func serve it "
-                "(cp.attach(model, loss_fn))"
-            )
+            fix = broadcast
         else:
             fix = (
-                "module hooks need the batch on dimension 0 (batch_first=True layouts); if "
-                "it is, info['batch_size'] is wrong: pass the size of the mini-batch"
+                "module hooks need the batch on dimension 0 (batch_first=True layouts). If "
+                f"it is, info['batch_size'] is wrong: pass the size of the mini-batch. Or {broadcast}"
             )
         raise ValueError(f"{what} has {got}, but the batch has {batch_size} samples: {fix}")
     return tensor
