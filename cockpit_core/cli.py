@@ -190,17 +190,42 @@ def load_model_factory(spec: str) -> Any:
     return factory
 
 
+def _per_sample_cross_entropy(outputs: Any, targets: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
+def _per_sample_mse(outputs: Any, targets: Any) -> Any:
+    import torch
+
+    losses = torch.nn.functional.mse_loss(outputs, targets, reduction="none")
+    return losses.flatten(1).sum(1) if losses.dim() > 1 else losses
+
+
+CHECK_LOSSES = {"cross_entropy": _per_sample_cross_entropy, "mse": _per_sample_mse}
+"""``cockpit check --loss``: per-sample losses the ``torch.func`` provider may use."""
+
+
+def _names(spec: str) -> list[str]:
+    return [name.strip() for name in spec.split(",") if name.strip()]
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Report which quantities can be computed for a model."""
     from cockpit_core.cockpit import Cockpit
 
     model = load_model_factory(args.model)()
+    options = {}
+    if args.backend is not None:
+        options["backend"] = args.backend if "," not in args.backend else _names(args.backend)
     if args.config:
-        cp = Cockpit.from_config(args.config, model.named_parameters())
+        cp = Cockpit.from_config(args.config, model.named_parameters(), **options)
     else:
         spec = args.quantities
-        quantities = spec if "," not in spec else [q.strip() for q in spec.split(",") if q.strip()]
-        cp = Cockpit(model.named_parameters(), quantities)
+        quantities = spec if "," not in spec else _names(spec)
+        cp = Cockpit(model.named_parameters(), quantities, **options)
+    cp.attach(model, CHECK_LOSSES[args.loss] if args.loss else None)
     report = cp.check(model)
     print(report)
     return 0 if report.ok else 1
@@ -256,6 +281,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quantities", default="economy", help="preset or comma-separated names")
     p.add_argument("--config", default=None, help="config file naming the quantities instead")
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="statistics providers: 'auto' (the default: the cheapest that can serve each "
+        "parameter), a provider name, or a comma-separated list in order of preference",
+    )
+    p.add_argument(
+        "--loss",
+        choices=sorted(CHECK_LOSSES),
+        default=None,
+        help="the training loss; lets torch.func serve parameters no cheaper provider can "
+        "(e.g. a learned positional embedding owned by the model itself)",
+    )
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("validate", help="check a config file (exit 0 if valid, 1 if not)")

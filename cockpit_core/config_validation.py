@@ -60,7 +60,9 @@ def validate_config_data(
     ``parse_settings(..., registry=...)`` and ``Cockpit.from_config`` use it. It checks the
     top-level options (strict types), every quantity entry and its options against the
     installed plugins, that no two quantities write the same output key, every sink name and
-    its options, and the provider names of ``backend``. Nothing is built or opened.
+    its options, the provider names of ``backend``, and that the log writer can open
+    ``log`` (an existing file must be a cockpit log). Nothing is built, created or opened
+    for writing.
 
     Args:
         data: The options, e.g. from :func:`load_config_file`.
@@ -113,6 +115,15 @@ def validate_config_data(
             )
         except ConfigError as err:
             errors.extend(err.errors)
+
+    log = data.get("log")
+    if "log" not in bad and isinstance(log, str):
+        from cockpit_core.log import check_log_path
+
+        try:
+            check_log_path(log)  # what the log writer checks, creating and changing nothing
+        except (OSError, ValueError) as err:
+            errors.append(("log", f"cannot open the log file {log!r}: {err}"))
 
     if errors or settings is None:
         errors.sort(key=lambda e: _position(e[0], data))  # stable: ties keep check order

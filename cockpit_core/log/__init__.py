@@ -20,9 +20,13 @@ disk is full, unwritten records wait in a bounded buffer and are retried.
 Reading never executes code and is bounded: the only decoding hook accepts numeric numpy
 arrays, complex numbers and big integers and rejects every other ``__marker__`` entry with
 :class:`UnsafeLogError`; a line may hold at most :data:`MAX_LINE_BYTES` bytes, an array at
-most :data:`MAX_ARRAY_ELEMENTS` elements (checked before anything is allocated, and
-compressed payloads are never inflated beyond their declared size); every malformed input
-raises :class:`LogFormatError` naming the file and line. See ``docs/log_format.md``.
+most :data:`MAX_ARRAY_ELEMENTS` elements, the arrays of a file at most
+:data:`MAX_DECODED_BYTES` plus :data:`MAX_DECODED_RATIO` bytes per byte read (checked
+before anything is allocated, and compressed payloads are never inflated beyond their
+declared size); every malformed input raises :class:`LogFormatError` naming the file and
+line, or saying that the file as a whole is not a cockpit log. :func:`check_log_path` tells,
+without touching anything, whether a :class:`LogWriter` can open a path. See
+``docs/log_format.md``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from cockpit_core.log.encode import (
 from cockpit_core.log.format import (
     LOG_FORMAT_VERSION,
     MAX_ARRAY_ELEMENTS,
+    MAX_DECODED_BYTES,
+    MAX_DECODED_RATIO,
     MAX_INT_BITS,
     MAX_LINE_BYTES,
     MAX_PENDING_BYTES,
@@ -46,11 +52,13 @@ from cockpit_core.log.format import (
     PLACEHOLDER_PREFIX,
 )
 from cockpit_core.log.read import LogData, read_log, read_records, read_run
-from cockpit_core.log.write import LogWriter
+from cockpit_core.log.write import LogWriter, check_log_path
 
 __all__ = [
     "LOG_FORMAT_VERSION",
     "MAX_ARRAY_ELEMENTS",
+    "MAX_DECODED_BYTES",
+    "MAX_DECODED_RATIO",
     "MAX_INT_BITS",
     "MAX_LINE_BYTES",
     "MAX_PENDING_BYTES",
@@ -61,6 +69,7 @@ __all__ = [
     "LogWriter",
     "Placeholder",
     "UnsafeLogError",
+    "check_log_path",
     "clean_value",
     "dumps",
     "loads",

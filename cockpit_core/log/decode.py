@@ -2,7 +2,9 @@
 
 Decoding never executes code: the hook accepts numeric numpy arrays, complex numbers and
 big integers and rejects every other ``__marker__`` entry with :class:`UnsafeLogError`;
-an array may hold at most :data:`~cockpit_core.log.MAX_ARRAY_ELEMENTS` elements (checked
+an array may hold at most :data:`~cockpit_core.log.MAX_ARRAY_ELEMENTS` elements, and the
+arrays of one read may decode to at most :data:`~cockpit_core.log.MAX_DECODED_BYTES` plus
+:data:`~cockpit_core.log.MAX_DECODED_RATIO` bytes per byte of its text (both checked
 before anything is allocated, and compressed payloads are never inflated beyond their
 declared size); every other malformed input raises :class:`LogFormatError`. See
 :mod:`cockpit_core.log`.
@@ -48,6 +50,29 @@ class LogFormatError(CockpitError, ValueError):
 
 class UnsafeLogError(LogFormatError):
     """A log file contains an entry that would import or build arbitrary objects."""
+
+
+class _Budget:
+    """Bytes the arrays of one read may still decode to (see :data:`MAX_DECODED_BYTES`)."""
+
+    def __init__(self, max_decoded_bytes: int | None = None) -> None:
+        self.base = log_format.MAX_DECODED_BYTES if max_decoded_bytes is None else max_decoded_bytes
+        self.left = self.base
+
+    def credit(self, text_bytes: int) -> None:
+        """Text was read: its arrays may take ``MAX_DECODED_RATIO`` bytes per byte of it."""
+        self.left += log_format.MAX_DECODED_RATIO * text_bytes
+
+    def spend(self, nbytes: int, shape: list[int], dtype: np.dtype) -> None:
+        """Take ``nbytes`` for one array before it is decoded, or refuse it."""
+        if nbytes > self.left:
+            raise LogFormatError(
+                f"a numpy array entry of shape {shape} and dtype {dtype.name} needs {nbytes} "
+                f"bytes, more than the {self.left} that the arrays of this read may still take "
+                f"(max_decoded_bytes = {self.base} plus {log_format.MAX_DECODED_RATIO} bytes "
+                "per byte of text read); nothing was allocated (a decompression bomb?)."
+            )
+        self.left -= nbytes
 
 
 def _parse_int(text: str) -> int:
@@ -140,7 +165,7 @@ def _decode_bytes(data: str, entry: dict, dtype: np.dtype, shape: list[int]) -> 
     return array.reshape(shape, order=order).astype(dtype)
 
 
-def _decode_array(entry: dict, max_elements: int) -> Any:
+def _decode_array(entry: dict, max_elements: int, budget: _Budget) -> Any:
     dtype = entry.get("dtype")
     if not isinstance(dtype, str) or dtype not in _SAFE_DTYPES:
         raise UnsafeLogError(
@@ -174,6 +199,7 @@ def _decode_array(entry: dict, max_elements: int) -> Any:
     if "Corder" in entry and not isinstance(entry["Corder"], bool):
         raise LogFormatError("a numpy array entry has a 'Corder' that is not true or false.")
     np_dtype = np.dtype(dtype)
+    budget.spend(size * np_dtype.itemsize, shape, np_dtype)
     if isinstance(data, str):
         array = _decode_bytes(data, entry, np_dtype, shape)
     else:
@@ -213,8 +239,9 @@ def _decode_int(entry: dict) -> int:
 class _Hook:
     """The only decoding hook (``object_pairs_hook``): safe markers, unescaped keys."""
 
-    def __init__(self, max_elements: int):
+    def __init__(self, max_elements: int, budget: _Budget):
         self.max_elements = max_elements
+        self.budget = budget
 
     def __call__(self, pairs: list[tuple[str, Any]]) -> Any:
         marker = None
@@ -231,20 +258,23 @@ class _Hook:
             return {_unescape(k): v for k, v in pairs}
         entry = dict(pairs)
         if "__ndarray__" in entry:
-            return _decode_array(entry, self.max_elements)
+            return _decode_array(entry, self.max_elements, self.budget)
         if marker == "__complex__":
             return _decode_complex(entry)
         return _decode_int(entry)
 
 
-def _decode(text: str, max_elements: int) -> Any:
-    """Decode one JSON text safely.
+def _decode(text: str, max_elements: int, budget: _Budget | None = None) -> Any:
+    """Decode one JSON text safely; ``budget`` is that of the read it belongs to (or new).
 
     Syntax errors stay ``json.JSONDecodeError`` (a torn line), everything else that is
     wrong becomes :class:`LogFormatError` (or :class:`UnsafeLogError`).
     """
+    budget = _Budget() if budget is None else budget
+    budget.credit(len(text))
+    hook = _Hook(max_elements, budget)
     try:
-        return json.loads(text, object_pairs_hook=_Hook(max_elements), parse_int=_parse_int)
+        return json.loads(text, object_pairs_hook=hook, parse_int=_parse_int)
     except (json.JSONDecodeError, LogFormatError):
         raise
     except RecursionError:
@@ -260,18 +290,30 @@ def _decode(text: str, max_elements: int) -> Any:
         ) from None
 
 
-def loads(text: str | bytes, *, max_array_elements: int | None = None) -> Any:
+def loads(
+    text: str | bytes,
+    *,
+    max_array_elements: int | None = None,
+    max_decoded_bytes: int | None = None,
+) -> Any:
     """Decode one JSON text safely (see :mod:`cockpit_core.log`).
+
+    Args:
+        text: The JSON text.
+        max_array_elements: Largest array decoded (default :data:`MAX_ARRAY_ELEMENTS`).
+        max_decoded_bytes: Bytes the arrays may take besides :data:`MAX_DECODED_RATIO` per
+            byte of ``text`` (default :data:`MAX_DECODED_BYTES`).
 
     Raises:
         UnsafeLogError: An entry would import or build objects.
-        LogFormatError: The text is not valid JSON or holds a malformed entry.
+        LogFormatError: The text is not valid JSON, holds a malformed entry or exceeds a
+            limit.
 
     """
     limit = log_format.MAX_ARRAY_ELEMENTS if max_array_elements is None else max_array_elements
     try:
         if isinstance(text, (bytes, bytearray)):
             text = bytes(text).decode("utf-8")
-        return _decode(text, limit)
+        return _decode(text, limit, _Budget(max_decoded_bytes))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise LogFormatError(f"not valid JSON ({err}).") from None

@@ -6,8 +6,8 @@ escaped with a ``~`` on writing and unescaped on reading. :mod:`cockpit_core.log
 describes the format as a whole.
 
 The other modules look the public constants up here when they use them, so setting one
-on the package (``cockpit_core.log.MAX_LINE_BYTES = 2**31``) changes it for the reader and
-the writer alike.
+in this module (``cockpit_core.log.format.MAX_LINE_BYTES = 2**31``) changes it for the
+reader and the writer alike.
 """
 
 from __future__ import annotations
@@ -27,6 +27,18 @@ reader refuses larger declared shapes before allocating anything."""
 
 MAX_LINE_BYTES = 2**30
 """Most bytes of one JSON Lines record or of a whole consolidated file (1 GiB)."""
+
+MAX_DECODED_BYTES = 2**24
+"""Bytes of arrays that one read (a log file, a consolidated file or one ``loads`` call) may
+decode to on top of :data:`MAX_DECODED_RATIO` per byte of its text (16 MiB)."""
+
+MAX_DECODED_RATIO = 8
+"""Bytes of arrays that each byte of text read may decode to, besides :data:`MAX_DECODED_BYTES`.
+
+cockpit writes arrays as lists of numbers, at least two characters (``0,``) for an element
+of at most 8 bytes (a complex one is written as 20 characters or more), so its logs decode
+to at most 4 bytes per byte; only compressed json-tricks arrays (``b64.gz:``) go beyond.
+The reader checks each array's declared size against what is left before decoding it."""
 
 MAX_VALUE_DEPTH = 64
 """Most levels of nested dicts/lists in a value; deeper parts become placeholders."""

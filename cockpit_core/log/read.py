@@ -2,13 +2,16 @@
 
 Reads a JSON Lines log (several runs; for every step the latest run that recorded it wins)
 or a consolidated JSON file. A line may hold at most :data:`~cockpit_core.log.MAX_LINE_BYTES`
-bytes, a torn last line is skipped with a warning, and every malformed input raises
-:class:`~cockpit_core.log.LogFormatError` naming the file and line. See
+bytes, the arrays of a file at most :data:`~cockpit_core.log.MAX_DECODED_BYTES` plus
+:data:`~cockpit_core.log.MAX_DECODED_RATIO` bytes per byte read, a torn last line is skipped
+with a warning, and every malformed input raises :class:`~cockpit_core.log.LogFormatError`
+naming the file and the line, or saying that the file as a whole is not a cockpit log. See
 :mod:`cockpit_core.log`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
@@ -19,7 +22,7 @@ from typing import IO, Any
 
 import cockpit_core.log.format as log_format
 from cockpit_core.errors import CockpitWarning
-from cockpit_core.log.decode import LogFormatError, _decode
+from cockpit_core.log.decode import LogFormatError, _Budget, _decode
 from cockpit_core.log.format import _RECORD_START
 
 
@@ -61,7 +64,7 @@ def _only_blank_after(f: IO[bytes]) -> bool:
 
 
 def _iter_records(
-    f: IO[bytes], path: Path, max_line_bytes: int, max_elements: int
+    f: IO[bytes], path: Path, max_line_bytes: int, max_elements: int, budget: _Budget
 ) -> Iterator[dict[str, Any]]:
     """Every complete record (checked); a torn last line is skipped with a warning."""
     number = 0
@@ -75,7 +78,7 @@ def _iter_records(
         if not line.strip():
             continue
         try:
-            record = _decode(line.decode("utf-8"), max_elements)
+            record = _decode(line.decode("utf-8"), max_elements, budget)
         except (json.JSONDecodeError, UnicodeDecodeError):
             if _only_blank_after(f):
                 warnings.warn(
@@ -110,6 +113,7 @@ def read_records(
     *,
     max_line_bytes: int | None = None,
     max_array_elements: int | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every complete record of a JSON Lines log; a torn last line is skipped with a warning.
 
@@ -117,6 +121,8 @@ def read_records(
         path: The log.
         max_line_bytes: Longest line read (default :data:`MAX_LINE_BYTES`).
         max_array_elements: Largest array read (default :data:`MAX_ARRAY_ELEMENTS`).
+        max_decoded_bytes: Bytes the file's arrays may take besides
+            :data:`MAX_DECODED_RATIO` per byte read (default :data:`MAX_DECODED_BYTES`).
 
     Raises:
         UnsafeLogError: An entry would import or build objects (see :mod:`cockpit_core.log`).
@@ -127,7 +133,7 @@ def read_records(
     path = Path(path)
     line_limit, elements = _limits(max_line_bytes, max_array_elements)
     with open(path, "rb") as f:
-        return list(_iter_records(f, path, line_limit, elements))
+        return list(_iter_records(f, path, line_limit, elements, _Budget(max_decoded_bytes)))
 
 
 def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -171,13 +177,19 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
     return data
 
 
+def _not_a_log(path: Path, why: str) -> LogFormatError:
+    """The error about the file as a whole (not one of its lines)."""
+    return LogFormatError(f"{path} is not a cockpit log: the file {why}.")
+
+
 def _from_consolidated(data: Any, path: Path) -> LogData:
     if not isinstance(data, dict):
-        raise LogFormatError(f"{path} is not a cockpit log: it is not a JSON object.")
+        raise _not_a_log(path, "holds a single number or array entry, not a JSON object")
     if "output" not in data:
-        raise LogFormatError(
-            f"{path} is a JSON object without 'output': not a cockpit log (write one with "
-            "Cockpit(..., log='run/log.jsonl') or cp.write('run/output.json'))."
+        raise _not_a_log(
+            path,
+            "is a JSON object without 'output' (write a log with Cockpit(..., "
+            "log='run/log.jsonl') or cp.write('run/output.json'))",
         )
     output = data["output"]
     bad = LogFormatError(f"{path}: 'output' must map step numbers to values.")
@@ -205,7 +217,9 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
     )
 
 
-def _read_consolidated(f: IO[bytes], path: Path, line_limit: int, elements: int) -> LogData:
+def _read_consolidated(
+    f: IO[bytes], path: Path, line_limit: int, elements: int, budget: _Budget
+) -> LogData:
     f.seek(0)
     raw = f.read(line_limit + 1)
     if len(raw) > line_limit:
@@ -215,14 +229,14 @@ def _read_consolidated(f: IO[bytes], path: Path, line_limit: int, elements: int)
         )
     lines = raw.count(b"\n", 0, len(raw.rstrip())) + 1
     try:
-        data = _decode(raw.decode("utf-8"), elements)
+        data = _decode(raw.decode("utf-8"), elements, budget)
     except json.JSONDecodeError as err:
         raise LogFormatError(
             f"{path}, line {err.lineno}: not valid JSON ({err.msg}); a file cut short, or not "
             "a cockpit log."
         ) from None
     except UnicodeDecodeError:
-        raise LogFormatError(f"{path} is not UTF-8 text: not a cockpit log.") from None
+        raise _not_a_log(path, "is not UTF-8 text") from None
     except LogFormatError as err:
         where = "line 1" if lines == 1 else f"lines 1-{lines}"
         raise type(err)(f"{path}, {where}: {err}") from None
@@ -234,6 +248,7 @@ def read_run(
     *,
     max_line_bytes: int | None = None,
     max_array_elements: int | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> LogData:
     """Load a JSON Lines log or a consolidated JSON file (header, values, errors).
 
@@ -245,42 +260,45 @@ def read_run(
         max_line_bytes: Longest line (or consolidated file) read (default
             :data:`MAX_LINE_BYTES`).
         max_array_elements: Largest array read (default :data:`MAX_ARRAY_ELEMENTS`).
+        max_decoded_bytes: Bytes the file's arrays may take besides
+            :data:`MAX_DECODED_RATIO` per byte read (default :data:`MAX_DECODED_BYTES`).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
         UnsafeLogError: An entry would import or build objects; nothing was run.
-        LogFormatError: The file is not a cockpit log, is damaged before its last line,
-            holds a malformed entry or exceeds a limit (the message names the line).
+        LogFormatError: The file is not a cockpit log (the message says so of the file as
+            a whole), is damaged before its last line, holds a malformed entry or exceeds
+            a limit (the message names the line).
 
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no log file at {path}")
     line_limit, elements = _limits(max_line_bytes, max_array_elements)
+    new_budget = functools.partial(_Budget, max_decoded_bytes)  # one for each pass
     with open(path, "rb") as f:
-        first = b""
+        first, number = b"", 0
         while not first.strip():
-            first = f.readline(line_limit + 1)
+            first, number = f.readline(line_limit + 1), number + 1
             if not first:
-                raise LogFormatError(f"{path} is empty: not a cockpit log.")
+                raise _not_a_log(path, "is empty or blank")
         if not first.lstrip().startswith(b"{"):
-            raise LogFormatError(
-                f"{path} is not a cockpit log: it does not start with a JSON object."
-            )
+            raise _not_a_log(path, "does not start with a JSON object")
         if not _RECORD_START.match(first):
             if len(first) > line_limit and not first.endswith(b"\n"):
-                return _read_consolidated(f, path, line_limit, elements)
+                return _read_consolidated(f, path, line_limit, elements, new_budget())
             try:
-                single = _decode(first.decode("utf-8"), elements)
+                single = _decode(first.decode("utf-8"), elements, new_budget())
             except (json.JSONDecodeError, UnicodeDecodeError):  # pretty-printed or cut short
-                return _read_consolidated(f, path, line_limit, elements)
+                return _read_consolidated(f, path, line_limit, elements, new_budget())
             except LogFormatError as err:
-                raise type(err)(f"{path}, line 1: {err}") from None
+                raise type(err)(f"{path}, line {number}: {err}") from None
             if not (isinstance(single, dict) and "kind" in single) and _only_blank_after(f):
                 return _from_consolidated(single, path)
+            del single
         del first
         f.seek(0)
-        return _assemble(_iter_records(f, path, line_limit, elements))
+        return _assemble(_iter_records(f, path, line_limit, elements, new_budget()))
 
 
 def read_log(
@@ -288,6 +306,7 @@ def read_log(
     *,
     max_line_bytes: int | None = None,
     max_array_elements: int | None = None,
+    max_decoded_bytes: int | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Load a JSON Lines log or a consolidated JSON file into ``{step: {name: value}}``.
 
@@ -297,5 +316,8 @@ def read_log(
     :func:`read_run`.
     """
     return read_run(
-        path, max_line_bytes=max_line_bytes, max_array_elements=max_array_elements
+        path,
+        max_line_bytes=max_line_bytes,
+        max_array_elements=max_array_elements,
+        max_decoded_bytes=max_decoded_bytes,
     ).output

@@ -52,7 +52,7 @@ class LogWriter:
 
     Raises:
         LogFormatError: ``path`` exists, is not empty and is not a JSON Lines log.
-        OSError: The file cannot be opened.
+        OSError: The file cannot be opened (see :func:`check_log_path`, run first).
 
     """
 
@@ -65,6 +65,7 @@ class LogWriter:
     ):
         if fsync_every is not None and fsync_every < 0:
             raise ValueError(f"fsync_every must be >= 0 seconds or None, got {fsync_every}.")
+        check_log_path(path)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fsync_every = fsync_every
@@ -89,14 +90,6 @@ class LogWriter:
 
     def _prepare_existing(self) -> None:
         with open(self.path, "r+b") as f:
-            head = f.read(64)
-            torn_start = b"\n" not in head and b'{"kind":'.startswith(head.strip()[:8])
-            if not _RECORD_START.match(head) and not torn_start:
-                raise LogFormatError(
-                    f"{self.path} exists and is not a cockpit JSON Lines log (it does not "
-                    "start with a record); cockpit never overwrites a file: choose another "
-                    "log path, or move the file away."
-                )
             if not self._cut_torn_tail(f):
                 return
             f.seek(0)
@@ -343,3 +336,42 @@ def _last_run(f: IO[bytes]) -> int:
                 run = _decode(line.decode("utf-8"), log_format.MAX_ARRAY_ELEMENTS).get("run")
             last = max(last, run if type(run) is int else headers)
     return max(last, headers, 1)
+
+
+def check_log_path(path: str | Path) -> None:
+    """Raise what :class:`LogWriter` would raise on opening ``path``; creates and changes nothing.
+
+    The one check of a log path: the writer runs it before it creates a folder or opens the
+    file, and ``cockpit validate`` runs it on a config's ``log``. A file that does not exist
+    yet (in folders that may not exist yet either) passes: the writer creates them.
+
+    Raises:
+        LogFormatError: ``path`` exists, is not empty and is not a JSON Lines log.
+        OSError: ``path`` is a folder (or a string ending in a slash, which names one),
+            lies under a file (the nearest existing path above it), or cannot be read or
+            written.
+
+    """
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        why = f"{os.strerror(errno.EISDIR)} (the path ends with a slash)"
+        raise IsADirectoryError(errno.EISDIR, why, path)
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if path.exists():
+        with open(path, "rb") as f:
+            head = f.read(64)
+        torn_start = b"\n" not in head and b'{"kind":'.startswith(head.strip()[:8])
+        if head and not _RECORD_START.match(head) and not torn_start:
+            raise LogFormatError(
+                f"{path} exists and is not a cockpit JSON Lines log (it does not start with a "
+                "record); cockpit never overwrites a file: choose another log path, or move "
+                "the file away."
+            )
+        target = path
+    else:
+        target = next(folder for folder in path.parents if folder.exists())
+        if not target.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(target))
+    if not os.access(target, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(target))

@@ -22,6 +22,7 @@ from cockpit_core import (
 from cockpit_core import registry as registry_module
 from cockpit_core.cli import main
 from cockpit_core.config import load_config_file, parse_settings, validate_config_data
+from cockpit_core.log import LogFormatError, check_log_path, read_records
 
 PARAMS = [torch.nn.Parameter(torch.zeros(2))]
 
@@ -344,3 +345,93 @@ def test_not_a_mapping():
     with pytest.raises(ConfigError) as err:
         validate_config_data(["loss"], make_registry(), "c.json")
     assert err.value.errors == [("", "expected a mapping of options, got list")]
+
+
+# Log paths that `cockpit validate` used to call valid although Cockpit.from_config rejected
+# them (or, ending in a slash, that both accepted and the writer created as a file); both now
+# run the log writer's own check, check_log_path, which creates nothing.
+BAD_LOGS = {  # log relative to tmp_path -> message of the check ({tmp}: tmp_path)
+    "an existing file that is not a log": (
+        "notalog.txt",
+        "{tmp}/notalog.txt exists and is not a cockpit JSON Lines log (it does not start with a "
+        "record); cockpit never overwrites a file: choose another log path, or move the file "
+        "away.",
+    ),
+    "a folder": ("logs", "[Errno 21] Is a directory: '{tmp}/logs'"),
+    "a new folder, ending in a slash": (
+        "new/",
+        "[Errno 21] Is a directory (the path ends with a slash): '{tmp}/new/'",
+    ),
+    "a path under a file": (
+        "notalog.txt/runs/log.jsonl",
+        "[Errno 20] Not a directory: '{tmp}/notalog.txt'",
+    ),
+}
+
+
+def _files(folder):
+    return {str(p): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def _config_with_log(tmp_path, log):
+    (tmp_path / "notalog.txt").write_text("some notes\n")
+    (tmp_path / "logs").mkdir()
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"quantities": ["loss"], "log": str(log)}))
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LOGS))
+def test_validate_and_from_config_reject_the_same_log_paths(case, tmp_path, capsys, monkeypatch):
+    relative, problem = BAD_LOGS[case]
+    log = f"{tmp_path}/{relative}"
+    message = f"cannot open the log file {log!r}: " + problem.format(tmp=tmp_path)
+    path = _config_with_log(tmp_path, log)
+    before = _files(tmp_path)
+    monkeypatch.setattr(registry_module, "default_registry", make_registry)
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"Invalid cockpit configuration in {path}:\n  log: {message}\n1 problem found.\n"
+    )
+    with pytest.raises((OSError, LogFormatError)) as err:
+        check_log_path(load_config_file(path)["log"])
+    assert f"cannot open the log file {log!r}: {err.value}" == message
+    with pytest.raises(ConfigError) as err:
+        Cockpit.from_config(path, PARAMS, registry=make_registry())
+    assert err.value.errors == [("log", message)]
+    assert _files(tmp_path) == before  # nothing was created or changed
+
+
+def test_a_log_problem_is_listed_with_the_others_in_file_order(tmp_path, capsys, monkeypatch):
+    (tmp_path / "notalog.txt").write_text("some notes\n")
+    log = str(tmp_path / "notalog.txt")
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"debug": "yes", "log": log, "quantities": ["hsit"]}))
+    monkeypatch.setattr(registry_module, "default_registry", make_registry)
+    assert main(["validate", str(path)]) == 1
+    not_a_log = BAD_LOGS["an existing file that is not a log"][1].format(tmp=tmp_path)
+    assert capsys.readouterr().err == (
+        f"Invalid cockpit configuration in {path}:\n"
+        "  debug: Input should be a valid boolean, got str 'yes'\n"
+        f"  log: cannot open the log file {log!r}: {not_a_log}\n"
+        "  quantities.0: Unknown quantity 'hsit'. Did you mean 'hist'? Installed: hist, loss. "
+        "Run `cockpit quantities` to list them with their options.\n"
+        "3 problems found.\n"
+    )
+
+
+def test_new_folders_and_existing_logs_are_valid_and_validate_touches_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(registry_module, "default_registry", make_registry)
+    log = tmp_path / "runs" / "a" / "log.jsonl"
+    path = _config_with_log(tmp_path, log)
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out == f"{path}: valid (1 quantities: loss)\n"
+    assert not (tmp_path / "runs").exists()  # the writer creates the folders, validate does not
+    check_log_path(load_config_file(path)["log"])
+    Cockpit.from_config(path, PARAMS, registry=make_registry()).close()
+    content = log.read_bytes()
+    assert [r["kind"] for r in read_records(log)] == ["header"]
+    assert main(["validate", str(path)]) == 0  # an existing log: the next run appends to it
+    assert log.read_bytes() == content

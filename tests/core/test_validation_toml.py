@@ -2,9 +2,10 @@
 
 Each test executes ``cockpit_core/config.py`` afresh as a separate module while ``tomllib``
 is hidden (``sys.modules["tomllib"] = None`` makes ``import tomllib`` fail as on 3.10), so
-the package's own ``cockpit_core.config`` stays untouched. ``tomli`` is not installed in the
-development environment; its API is the one ``tomllib`` was made from, so a stand-in module
-that delegates to the real ``tomllib`` plays it when it is missing.
+the package's own ``cockpit_core.config`` stays untouched. The tests use the real ``tomli``
+where it is installed (cockpit-core depends on it below Python 3.11, where the last test
+checks that it is the parser in use); on 3.11+ it usually is not, and a stand-in module with
+tomli's API (the one ``tomllib`` was made from) that delegates to ``tomllib`` plays it.
 """
 
 import importlib.util
@@ -96,3 +97,10 @@ def test_tomli_is_a_dependency_below_python_3_11():
         Path(cockpit_core.config.__file__).parents[1] / "pyproject.toml"
     )
     assert "tomli>=2; python_version < '3.11'" in pyproject["project"]["dependencies"]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 11), reason="Python 3.11+ reads TOML with tomllib")
+def test_below_python_3_11_the_real_tomli_is_installed_and_used():
+    import tomli
+
+    assert cockpit_core.config._toml is tomli

@@ -7,12 +7,14 @@ holds every step, each value faithful or the documented placeholder, and one ``s
 error per step whose value needed a placeholder or rounding (issue 17).
 
 (b) The reader, fed random bytes, random JSON and mutated valid logs, only ever returns
-values or raises ``LogFormatError``; a decompression bomb of any declared shape stays within
-a memory bound.
+values or raises ``LogFormatError`` naming a line of the file (or saying that the file as a
+whole is not a log); a decompression bomb of any declared shape stays within a memory bound.
 """
 
+import copy
 import json
 import math
+import re
 import tracemalloc
 import warnings
 
@@ -239,7 +241,7 @@ class Expect:
 
 def _r(x):
     """A short repr that works for ints beyond str()'s digit limit."""
-    if isinstance(x, int) and not isinstance(x, bool):
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 64:
         return f"int of {x.bit_length()} bits"
     try:
         return repr(x)[:200]
@@ -247,27 +249,73 @@ def _r(x):
         return f"<{type(x).__name__}>"
 
 
-def same(expected, got):
+def same(expected, got, where="value"):
+    """Deep comparison of a value read back with what ``Expect`` says was written.
+
+    Dicts (keys and their order) and lists are compared element by element, so a difference
+    anywhere fails; arrays by dtype, shape and values (NaN equals NaN); placeholders (cycles,
+    nesting, big ints, meta tensors, ...) as exact strings, except ``PH`` alone (a tensor that
+    torch cannot convert either), which any placeholder matches.
+    """
+
+    def check(ok):
+        assert ok, f"{where}: expected {_r(expected)}, got {_r(got)}"
+
     if isinstance(expected, np.ndarray):
-        assert isinstance(got, np.ndarray) and got.dtype == expected.dtype, (_r(expected), _r(got))
-        assert got.shape == expected.shape
-        assert np.array_equal(got, expected, equal_nan=True), (_r(expected), _r(got))
+        check(isinstance(got, np.ndarray) and got.dtype == expected.dtype)
+        check(got.shape == expected.shape and np.array_equal(got, expected, equal_nan=True))
     elif isinstance(expected, dict):
-        assert isinstance(got, dict) and list(got) == list(expected), (_r(expected), _r(got))
-        for k in expected:
-            same(expected[k], got[k])
+        check(isinstance(got, dict) and list(got) == list(expected))
+        for key, value in expected.items():
+            same(value, got[key], f"{where}[{key!r}]")
     elif isinstance(expected, list):
-        assert isinstance(got, list) and len(got) == len(expected), (_r(expected), _r(got))
-        for a, b in zip(_r(expected), _r(got)):
-            same(a, b)
+        check(isinstance(got, list) and len(got) == len(expected))
+        for i, (a, b) in enumerate(zip(expected, got)):
+            same(a, b, f"{where}[{i}]")
     elif isinstance(expected, float) and math.isnan(expected):
-        assert isinstance(got, float) and math.isnan(got)
+        check(isinstance(got, float) and math.isnan(got))
     elif isinstance(expected, complex):
-        assert type(got) is complex and np.array_equal(got, expected, equal_nan=True)
+        check(type(got) is complex and np.array_equal(got, expected, equal_nan=True))
     elif expected == PH:  # a placeholder of any reason
-        assert isinstance(got, str) and got.startswith(PH), _r(got)
+        check(isinstance(got, str) and got.startswith(PH))
     else:
-        assert type(got) is type(expected) and got == expected, (_r(expected), _r(got))
+        check(type(got) is type(expected) and got == expected)
+
+
+LONG = {"v": [list(range(300)), [0.5] * 300 + [{"a": np.arange(3.0)}], PH + "x>"]}
+CHANGES = {
+    "an int at the end of a long list": (
+        lambda v: v[0].__setitem__(299, 300),
+        "value['v'][0][299]: expected 299, got 300",
+    ),
+    "an array element deep inside": (
+        lambda v: v[1][300]["a"].__setitem__(2, 7.0),
+        "value['v'][1][300]['a']: expected array([0., 1., 2.]), got array([0., 1., 7.])",
+    ),
+    "another placeholder": (
+        lambda v: v.__setitem__(2, PH + "y>"),
+        "value['v'][2]: expected '<unserializable: x>', got '<unserializable: y>'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHANGES))
+def test_same_finds_a_difference_deep_in_a_long_value(case):
+    change, message = CHANGES[case]
+    assert len(repr(LONG)) > 2000  # far beyond the 200 characters of _r
+    same(LONG, copy.deepcopy(LONG))
+    got = copy.deepcopy(LONG)
+    change(got["v"])
+    with pytest.raises(AssertionError) as err:
+        same(LONG, got)
+    assert str(err.value).startswith(message)
+
+
+def test_the_bare_placeholder_prefix_matches_any_placeholder_only():
+    same([PH], [PH + "tensor of dtype torch.uint16 and shape [2]>"])
+    with pytest.raises(AssertionError) as err:
+        same([PH], ["tensor"])
+    assert str(err.value).startswith("value[0]: expected '<unserializable: ', got 'tensor'")
 
 
 @settings(
@@ -352,6 +400,25 @@ TOKENS = [
 ]
 
 
+WHOLE_FILE = (  # the messages about a file as a whole, which name no line
+    " is not a cockpit log: the file ",
+    ": 'output' must map step numbers to values.",
+    ": 'header' must be an object, 'errors' and 'skipped' lists of objects.",
+)
+
+
+def _check_message(err, path, data):
+    """The message names the file, then a line of it that exists or the file as a whole."""
+    message = str(err)
+    assert message.startswith(f"{path}"), message
+    rest = message[len(str(path)) :]
+    where = re.match(r", lines? (?:1-)?(\d+)[: ]", rest)
+    if where:
+        assert 1 <= int(where[1]) <= data.count(b"\n") + 1, message
+    else:
+        assert rest.startswith(WHOLE_FILE), message
+
+
 def _read_or_format_error(data, tmp_path):
     path = tmp_path / "fuzz.jsonl"
     path.write_bytes(data)
@@ -360,7 +427,8 @@ def _read_or_format_error(data, tmp_path):
         for reader in (read_run, read_records):
             try:
                 result = reader(path)
-            except LogFormatError:
+            except LogFormatError as err:
+                _check_message(err, path, data)
                 continue
             if reader is read_run:
                 assert isinstance(result, LogData)

@@ -11,6 +11,8 @@ def test_every_public_name_is_importable_from_the_package():
     names = {
         "LOG_FORMAT_VERSION",
         "MAX_ARRAY_ELEMENTS",
+        "MAX_DECODED_BYTES",
+        "MAX_DECODED_RATIO",
         "MAX_INT_BITS",
         "MAX_LINE_BYTES",
         "MAX_PENDING_BYTES",
@@ -21,6 +23,7 @@ def test_every_public_name_is_importable_from_the_package():
         "LogWriter",
         "Placeholder",
         "UnsafeLogError",
+        "check_log_path",
         "clean_value",
         "dumps",
         "loads",

@@ -10,8 +10,11 @@ import json_tricks
 import numpy as np
 import pytest
 
+import cockpit_core.log.format as log_format
 from cockpit_core.log import (
     MAX_ARRAY_ELEMENTS,
+    MAX_DECODED_BYTES,
+    MAX_DECODED_RATIO,
     LogFormatError,
     LogWriter,
     UnsafeLogError,
@@ -101,6 +104,61 @@ def test_legitimate_compact_json_tricks_arrays_are_read(tmp_path):
     zlib_form = {"__ndarray__": "b64.gz:" + base64.b64encode(zlib.compress(bytes(16))).decode()}
     zlib_form.update(dtype="uint8", shape=[16])
     np.testing.assert_array_equal(loads(json.dumps(zlib_form)), np.zeros(16, dtype=np.uint8))
+
+
+# -- the decoded-bytes budget of a read -------------------------------------------------------
+
+BUDGET_MESSAGE = (
+    "a numpy array entry of shape [1048576] and dtype float64 needs 8388608 bytes, more than "
+    "the {left} that the arrays of this read may still take (max_decoded_bytes = {base} plus "
+    "8 bytes per byte of text read); nothing was allocated (a decompression bomb?)."
+)
+
+
+def test_many_compressed_arrays_in_one_line_stay_within_the_decoded_bytes_budget(tmp_path, bomb):
+    arrays = {f"w{i}": bomb_entry(bomb, [2**20], inflated_mib=8) for i in range(32)}
+    line = json.dumps({"kind": "values", "step": 2, "values": arrays})
+    path = write_log(tmp_path / "log.jsonl", line)
+    budget = MAX_DECODED_BYTES + MAX_DECODED_RATIO * len(f"{HEADER}\n{GOOD}\n{line}\n")
+    assert 32 * (8 << 20) > 10 * budget  # all 32 arrays would take 256 MiB
+    peak, err = peak_of(lambda: read_run(path))
+    left = budget - 2 * (8 << 20)  # w0 and w1 fit, w2 does not
+    assert str(err) == f"{path}, line 3: " + BUDGET_MESSAGE.format(left=left, base=2**24)
+    assert peak < budget + (8 << 20) + 4 * len(line)  # + the array being inflated, the line
+
+
+def test_the_budget_spans_the_whole_file_and_can_be_raised(tmp_path, bomb):
+    entry = bomb_entry(bomb, [2**20], inflated_mib=8)
+    lines = [json.dumps({"kind": "values", "step": s, "values": {"w": entry}}) for s in range(4)]
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    left = MAX_DECODED_BYTES + MAX_DECODED_RATIO * 3 * (len(lines[0]) + 1) - 2 * (8 << 20)
+    for reader in (read_run, read_records):
+        with pytest.raises(LogFormatError) as err:
+            reader(path)
+        assert str(err.value) == f"{path}, line 3: " + BUDGET_MESSAGE.format(left=left, base=2**24)
+    assert sorted(read_run(path, max_decoded_bytes=32 << 20).output) == [0, 1, 2, 3]
+    assert loads(lines[0])["values"]["w"].nbytes == 8 << 20
+    with pytest.raises(LogFormatError) as err:
+        loads(lines[0], max_decoded_bytes=0)
+    assert str(err.value) == BUDGET_MESSAGE.format(left=MAX_DECODED_RATIO * len(lines[0]), base=0)
+
+
+def test_what_cockpit_writes_decodes_within_the_ratio_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(log_format, "MAX_DECODED_BYTES", 0)  # no allowance: only the ratio
+    hist = np.zeros((40, 50), np.int64)  # the densest arrays cockpit writes: 2-D histograms
+    per_param = np.zeros((3, 40, 50), np.int64)  # of int64 counts, mostly 0 ("0," per 8 bytes)
+    others = [np.zeros(3, np.complex128), np.zeros(7, bool), np.zeros(2, np.uint64)]
+    values = {"grad_hist_2d": {"hist": hist, "per_param": per_param}, "others": others}
+    path = tmp_path / "log.jsonl"
+    writer = LogWriter(path)
+    writer({"kind": "values", "step": 0, "values": values})
+    writer.close()
+    decoded = sum(a.nbytes for a in (hist, per_param, *others))
+    assert 3.5 < decoded / path.stat().st_size <= MAX_DECODED_RATIO / 2
+    back = read_run(path).output[0]
+    np.testing.assert_array_equal(back["grad_hist_2d"]["per_param"], per_param)
+    assert [a.dtype for a in back["others"]] == [a.dtype for a in others]
 
 
 # -- every malformed entry is a LogFormatError naming file and line ---------------------------
@@ -270,6 +328,10 @@ CONSOLIDATED = {
         '{\n "output": {"0": {"w": {"__ndarray__": [1], "dtype": "int64"}}}\n}',
         "lines 1-3: a numpy array entry has no 'shape'.",
     ),
+    "bad array after blank lines": (
+        '\n\n{"output": {"0": {"w": {"__ndarray__": [1], "dtype": "int64"}}}}\n',
+        "line 3: a numpy array entry has no 'shape'.",
+    ),
 }
 
 
@@ -286,6 +348,34 @@ def test_malformed_consolidated_files_give_log_format_error(tmp_path, case):
         assert str(err.value).endswith("; a file cut short, or not a cockpit log.")
     else:
         assert str(err.value) == f"{path}{sep}{message}"
+
+
+NOT_A_LOG = {  # the file as a whole -> message after "{path} is not a cockpit log: the file "
+    "empty": (b"", "is empty or blank."),
+    "blank": (b"\n \n\t\n", "is empty or blank."),
+    "not UTF-8": (b'{"output": {"0": {"s": "\xff"}}}\n', "is not UTF-8 text."),
+    "notes": (b"\nsome notes\n", "does not start with a JSON object."),
+    "a single array entry": (
+        b'{"__ndarray__": [1], "dtype": "int64", "shape": [1]}\n',
+        "holds a single number or array entry, not a JSON object.",
+    ),
+    "a config file": (
+        b'{"quantities": ["loss"]}',
+        "is a JSON object without 'output' (write a log with Cockpit(..., "
+        "log='run/log.jsonl') or cp.write('run/output.json')).",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_A_LOG))
+def test_a_file_that_is_not_a_log_is_refused_as_a_whole(tmp_path, case):
+    content, message = NOT_A_LOG[case]
+    path = tmp_path / "file.json"
+    path.write_bytes(content)
+    for reader in (read_run, read_log):
+        with pytest.raises(LogFormatError) as err:
+            reader(path)
+        assert str(err.value) == f"{path} is not a cockpit log: the file {message}"
 
 
 def test_a_torn_only_line_of_a_log_is_an_empty_run_with_a_warning(tmp_path):

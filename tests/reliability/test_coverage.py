@@ -1,8 +1,10 @@
 """Model coverage before training (`cp.check`, `cockpit check`) and silent BackPACK skips."""
 
+import re
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -145,6 +147,43 @@ def test_cockpit_check_cli(tmp_path, capsys):
     assert "has no function 'nope'" in capsys.readouterr().err
     assert main(["check", "no_such_module_xyz:f"]) == 1
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
+
+
+class _WithPositions(torch.nn.Module):
+    """A Linear layer plus a parameter owned by the model itself (no module rule)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.zeros(3))
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.lin(x + self.pos)
+
+
+def test_cockpit_check_cli_backend_and_loss(monkeypatch, capsys):
+    """--loss lets torch.func serve what no module rule covers; --backend picks providers."""
+    module = types.ModuleType("cockpit_check_models")
+    module.with_positions = _WithPositions
+    monkeypatch.setitem(sys.modules, "cockpit_check_models", module)
+    spec = ["check", "cockpit_check_models:with_positions", "--quantities", "norm_test"]
+
+    assert main(spec) == 1  # no loss: torch.func cannot serve 'pos'
+    out = capsys.readouterr().out
+    assert "UNAVAILABLE" in out and "'pos'" in out
+
+    assert main([*spec, "--loss", "cross_entropy"]) == 0
+    out = capsys.readouterr().out
+    assert "hooks; func for 'pos' (_WithPositions)" in out
+    assert re.search(r"^  func: parameter\(s\) 'pos'$", out, flags=re.MULTILINE), out
+    assert "not hooks: no rule for _WithPositions" in out
+
+    assert main([*spec, "--loss", "cross_entropy", "--backend", "func"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  func: all 3 parameters$", out, flags=re.MULTILINE), out
+
+    assert main([*spec, "--backend", "no_such_provider"]) == 1
+    assert "unknown statistics provider(s) ['no_such_provider']" in capsys.readouterr().err
 
 
 def test_check_attaches_the_model_and_training_goes_on_without_errors():
