@@ -5,7 +5,7 @@ Use them in float64 to check a quantity against its definition, never against it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.func import functional_call
@@ -18,10 +18,32 @@ def per_sample_gradients(
 ) -> list[torch.Tensor]:
     """``g_n = grad l_n`` by one autograd call per sample; one ``[B, *p.shape]`` tensor per parameter."""
     params = [p for p in model.parameters() if p.requires_grad]
+    losses = (
+        problem.individual_losses(model(x[n : n + 1]), y[n : n + 1]).sum() for n in range(len(x))
+    )
+    return per_sample_gradients_from_losses(losses, params)
+
+
+def per_sample_gradients_from_losses(
+    losses: Iterable[torch.Tensor], params: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """``g_n = grad l_n`` of given per-sample losses, by one autograd call per sample.
+
+    Use it when the losses come from one batched forward pass (a ``[B]`` tensor of
+    ``reduction="none"`` losses, e.g. to keep a dropout mask or a batch-dependent layer):
+    the graph is retained between the calls.
+
+    Args:
+        losses: The scalar loss of each sample (a ``[B]`` tensor iterates over them).
+        params: The parameters to differentiate.
+
+    Returns:
+        One ``[B, *p.shape]`` tensor per parameter; zeros where a loss does not use it.
+
+    """
     rows: list[list[torch.Tensor]] = [[] for _ in params]
-    for n in range(len(x)):
-        loss = problem.individual_losses(model(x[n : n + 1]), y[n : n + 1]).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    for loss in losses:
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
         for i, (p, g) in enumerate(zip(params, grads)):
             rows[i].append(torch.zeros_like(p) if g is None else g.detach())
     return [torch.stack(r) for r in rows]

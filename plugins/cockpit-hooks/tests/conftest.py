@@ -31,6 +31,7 @@ from cockpit_core import (
     Cockpit,
     EmbeddingGrads,
     OuterProductGrads,
+    PerSampleGrads,
     Quantity,
     Requirements,
     Statistic,
@@ -38,6 +39,9 @@ from cockpit_core import (
     per_sample_transform,
 )
 from cockpit_core.errors import UnsupportedModelError
+from cockpit_core.testing.provider_reference import directions, dots, relative_error
+from cockpit_core.testing.provider_reference import reference_statistic as reference
+from cockpit_core.testing.reference import per_sample_gradients_from_losses as per_sample_loop
 
 TOL = 1e-10
 """Largest accepted error relative to the reference's size (see the module docstring)."""
@@ -46,12 +50,12 @@ MAX_ERRORS: dict[str, float] = {}
 """Largest relative error seen per test group (printed in the terminal summary)."""
 
 
-def _directions(grad: Tensor, param: Tensor) -> Tensor:
-    return torch.stack([grad, torch.cos(param)])
-
-
 def _cubes(grads: Tensor, param: Tensor) -> Tensor:
-    """Additive over samples, as ``reduce="sum"`` requires (blocks of samples add up)."""
+    """Additive over samples, as ``reduce="sum"`` requires (blocks of samples add up).
+
+    Weighted by ``cos(theta)``, unlike the kit's
+    :func:`~cockpit_core.testing.provider_reference.cubes` (``theta``).
+    """
     return (grads**3).sum(0) * torch.cos(param)
 
 
@@ -59,12 +63,13 @@ def _abs_max(grads: Tensor, param: Tensor) -> Tensor:
     return grads.flatten(1).abs().amax(1)
 
 
-def _dots(grads: Tensor, param: Tensor) -> Tensor:
-    return grads.flatten(1) @ param.flatten()
+def _dots_factored(grads: PerSampleGrads, param: Tensor) -> Tensor:
+    """``g_n . theta`` for the forms with a known closed form, ``NotImplemented`` otherwise.
 
-
-def _dots_factored(grads: Any, param: Tensor) -> Tensor:
-    """``g_n . theta`` for the forms with a known closed form, ``NotImplemented`` otherwise."""
+    Unlike the kit's :func:`~cockpit_core.testing.provider_reference.dots_factored`
+    (``grads.dot`` on every form), it checks the factors of ``OuterProductGrads`` with an
+    independent formula and exercises the fallback to ``fn`` on the other forms.
+    """
     if isinstance(grads, OuterProductGrads) and not grads.has_sequence:
         return ((grads.d @ param) * grads.a).sum(1)
     if isinstance(grads, EmbeddingGrads):
@@ -72,10 +77,10 @@ def _dots_factored(grads: Any, param: Tensor) -> Tensor:
     return NotImplemented
 
 
-PROJECTION = per_sample_projection("test_directions", _directions)
+PROJECTION = per_sample_projection("test_directions", directions)
 CUBES = per_sample_transform("test_cubes", _cubes, reduce="sum")
 ABS_MAX = per_sample_transform("test_abs_max", _abs_max, reduce="gather")
-DOTS = per_sample_transform("test_dots", _dots, reduce="gather", factored_fn=_dots_factored)
+DOTS = per_sample_transform("test_dots", dots, reduce="gather", factored_fn=_dots_factored)
 
 ALL_STATS: tuple[Statistic, ...] = (
     BATCH_L2,
@@ -89,34 +94,6 @@ ALL_STATS: tuple[Statistic, ...] = (
     DOTS,
 )
 """Every per-sample kind the core offers (and transforms of each reduction)."""
-
-
-def reference(stat: Statistic, g: Tensor, param: Tensor) -> Tensor:
-    """The definition of ``stat`` for per-sample gradients ``g`` (``[B, *shape]``)."""
-    flat = g.flatten(1)
-    grad = g.mean(0)
-    kind = str(stat.kind)
-    if kind == "batch_l2":
-        return (flat**2).sum(1)
-    if kind == "sum_grad_squared":
-        return (g**2).sum(0)
-    if kind == "batch_dot":
-        return flat @ flat.T
-    if kind == "grad_batch":
-        return g
-    if kind == "batch_projection":
-        if stat.fn is None:
-            return flat @ grad.flatten()
-        return flat @ stat.fn(grad, param).flatten(1).T
-    return stat.fn(g, param)
-
-
-def relative_error(actual: Tensor, expected: Tensor) -> float:
-    """``max |a - e| / max |e|`` (absolute where the reference is zero)."""
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
-    err = float((actual - expected).abs().max()) if expected.numel() else 0.0
-    return err / scale if scale > 0 else err
 
 
 def note_error(group: str, err: float) -> None:
@@ -171,16 +148,6 @@ class Run:
 
     def missing(self, step: int = 0) -> dict[tuple, str]:
         return self.quantity.missing[step]
-
-
-def per_sample_loop(losses: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
-    """``g_n = grad l_n``: one ``torch.autograd.grad`` call per sample."""
-    rows: list[list[Tensor]] = [[] for _ in params]
-    for n in range(losses.shape[0]):
-        grads = torch.autograd.grad(losses[n], params, retain_graph=True, allow_unused=True)
-        for i, (p, g) in enumerate(zip(params, grads)):
-            rows[i].append(torch.zeros_like(p) if g is None else g.detach())
-    return [torch.stack(r) for r in rows]
 
 
 def run(
