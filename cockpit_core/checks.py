@@ -81,26 +81,59 @@ def _eps(tensor: torch.Tensor) -> float:
     return torch.finfo(tensor.dtype).eps if tensor.is_floating_point() else 0.0
 
 
-def per_sample_mismatch(name: str, ratio: float, residual: float, batch_size: int) -> str | None:
+def gradient_precision(grad: torch.Tensor) -> torch.dtype:
+    """The precision ``grad`` was formed in: bfloat16 or float16 if it holds only such numbers.
+
+    Under autocast a float32 parameter's gradient is formed in the activations' dtype and
+    then cast to float32, so every element is a bfloat16 (float16) number; a gradient
+    formed in float32 is one only by chance (2**-16, 2**-13 per element).
+    """
+    if grad.dtype not in (torch.float32, torch.float64):
+        return grad.dtype
+    for dtype in (torch.bfloat16, torch.float16):
+        if bool((grad.to(dtype).to(grad.dtype) == grad).all()):
+            return dtype
+    return grad.dtype
+
+
+def per_sample_mismatch(
+    name: str,
+    ratio: float,
+    residual: float,
+    batch_size: int,
+    dtype: torch.dtype = torch.float32,
+) -> str | None:
     """A message if ``p.grad`` is not the mean of the per-sample gradients cockpit computed.
 
     Per-sample statistics assume that the backpropagated loss is the mean of ``batch_size``
-    per-sample losses and that ``p.grad`` holds only this step's gradient; float32 rounding
-    stays far below the tolerance of 1e-3. A loss scaled without telling cockpit is not
-    seen here (the per-sample gradients are scaled alike): :func:`scaled_loss` reports it.
+    per-sample losses and that ``p.grad`` holds only this step's gradient. A loss scaled
+    without telling cockpit is not seen here (the per-sample gradients are scaled alike):
+    :func:`scaled_loss` reports it.
+
+    The tolerance is ``max(1e-3, 2 * eps)`` of ``dtype``, the precision ``p.grad`` was
+    formed in: float32 rounding stays far below 1e-3. Under autocast each element of
+    ``p.grad`` is a sum over the batch rounded to ``dtype`` (relative error up to its unit
+    roundoff ``eps / 2``: 2**-8 for bfloat16, 2**-11 for float16), while cockpit averages
+    the same half-precision factors in float32; so ``ratio`` and ``residual`` may be off by
+    ``eps / 2``, and by ``eps`` if the sum is also rounded in blocks; twice that is
+    allowed (1.6e-2 for bfloat16, 2e-3 for float16). A wrong batch size, a sum-reduced loss
+    or an un-zeroed ``p.grad`` change them far more (unless, under bfloat16, the batch size
+    is off by under 1.6%).
 
     Args:
         name: The parameter that was checked.
         ratio: ``c`` in ``p.grad ~ c * mean_n g_n`` (least squares), after unscaling.
         residual: ``||p.grad - c * mean_n g_n|| / ||p.grad||``.
         batch_size: The step's ``info["batch_size"]``.
+        dtype: The precision of ``p.grad`` (:func:`gradient_precision`).
 
     """
-    if abs(ratio - 1.0) <= 1e-3 and residual <= 1e-3:
+    tol = max(1e-3, 2 * torch.finfo(dtype).eps) if dtype.is_floating_point else 1e-3
+    if abs(ratio - 1.0) <= tol and residual <= tol:
         return None
     samples = ratio * batch_size
     if (
-        residual <= 1e-3
+        residual <= tol
         and batch_size > 0
         and round(samples) >= 1
         and abs(samples - round(samples)) < 1e-2
@@ -174,6 +207,34 @@ def batch_norm_in_training(model: torch.nn.Module | None) -> list[str]:
         for name, m in model.named_modules()
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
     ]
+
+
+def batch_norm_in_graph(
+    loss: Any, params: Sequence[torch.Tensor], names: Sequence[str]
+) -> list[str]:
+    """BatchNorm calls in the autograd graph of ``loss`` that normalized with batch statistics.
+
+    For a Cockpit that does not know the model: autograd records every BatchNorm call as a
+    node that saved whether it used the batch's statistics (``_saved_training``; a
+    ``*WithUpdate*`` node always does) and leads to the parameters it used. Each is named
+    by the module of its tracked parameters (``'1'`` for ``'1.weight'``).
+    """
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return []
+    owners = {id(p): n.rpartition(".")[0] or n for p, n in zip(params, names)}
+    found, seen, stack = set(), set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        nexts = [n for n, _ in node.next_functions if n is not None]
+        stack.extend(nexts)
+        kind = type(node).__name__
+        if "BatchNorm" in kind and getattr(node, "_saved_training", "WithUpdate" in kind):
+            used = (owners.get(id(getattr(n, "variable", None))) for n in nexts)
+            found.add(next((o for o in used if o is not None), "<untracked>"))
+    return sorted(found)
 
 
 BATCH_NORM_REASON = (

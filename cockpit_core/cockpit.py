@@ -273,13 +273,14 @@ class Cockpit:
         return self.retain_graph(step)
 
     def prepare(self, step: int) -> None:
-        """Install BackPACK's hooks for the forward pass of ``step`` only if it needs them.
+        """Arm the statistics providers that observe the forward pass of ``step``.
 
-        The hooks of modules extended with :func:`cockpit_core.extend` cost time on every
-        forward and backward pass, so after each step the Cockpit keeps them installed only
-        if the next step (the last step plus the last stride between steps) needs them.
-        Loops whose step numbers are evenly spaced never need to call this; call it before
-        the forward pass when the next step number cannot be predicted.
+        Providers that record layer inputs during the forward pass (module hooks,
+        BackPACK) cost time and memory on every pass they observe, so after each step the
+        Cockpit arms them only if the next step (the last step plus the last stride
+        between steps) needs their statistics. Loops whose step numbers are evenly spaced
+        never need to call this; call it before the forward pass when the next step number
+        cannot be predicted.
         """
         self._planner.prepare(step)
 
@@ -430,9 +431,11 @@ class Cockpit:
             if callable(close):
                 try:
                     close()
-                except Exception as err:  # closing one sink must not skip the others
+                except (KeyboardInterrupt, GeneratorExit):
+                    raise
+                except BaseException as err:  # plugin code: one sink must not skip the others
                     warnings.warn(
-                        f"cockpit: closing sink {sink!r} failed: {err}",
+                        f"cockpit: closing sink {sink!r} failed: {err} ({type(err).__name__})",
                         CockpitWarning,
                         stacklevel=2,
                     )
@@ -502,10 +505,12 @@ class Cockpit:
         for sink in list(self.sinks):
             try:
                 sink(record)
-            except Exception as err:  # a broken sink must not stop training
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as err:  # a broken sink (even SystemExit) must not stop training
                 self.sinks.remove(sink)
                 warnings.warn(
-                    f"cockpit: sink {sink!r} failed and was removed: {err}",
+                    f"cockpit: sink {sink!r} failed and was removed: {err} ({type(err).__name__})",
                     CockpitWarning,
                     stacklevel=3,
                 )

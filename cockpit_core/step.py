@@ -157,12 +157,20 @@ class StepRun:
         return unfrozen
 
     def _warn_batch_norm(self) -> None:
-        """At the first step with per-sample statistics: BatchNorm in training mode."""
+        """At the first step with per-sample statistics: BatchNorm in training mode.
+
+        Found in the attached model, else in the autograd graph of ``info["loss"]``.
+        """
         cp = self.cp
         if cp._batch_norm_checked or not any(s.per_sample for s in self.merged.statistics):
             return
         cp._batch_norm_checked = True
-        names = checks.batch_norm_in_training(cp._backend.model)
+        model = cp._backend.model
+        names = (
+            checks.batch_norm_in_training(model)
+            if model is not None
+            else checks.batch_norm_in_graph(self.info.get("loss"), cp.params, cp.param_names)
+        )
         if names:
             cp._policy.warn_once(("", "batch_norm"), checks.batch_norm_message(names), stacklevel=5)
 
@@ -333,7 +341,11 @@ class StepRun:
         index, ratio, residual = checked
         cp._backend.checked = None
         message = checks.per_sample_mismatch(
-            cp.param_names[index], ratio / factor, residual, self.batch_size
+            cp.param_names[index],
+            ratio / factor,
+            residual,
+            self.batch_size,
+            checks.gradient_precision(cp.params[index].grad),  # compared, so not None
         )
         if message is not None:
             cp._policy.warn_once(("", "per-sample mean"), message, stacklevel=6)

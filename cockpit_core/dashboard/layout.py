@@ -212,7 +212,9 @@ def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:
     before = set(fig.axes)
     try:
         panel.instrument.draw(ax, panel_output(data, panel), data.header)
-    except Exception as err:  # a broken instrument must not break the dashboard
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as err:  # a broken instrument (even SystemExit) must not break it
         for extra in list(fig.axes):
             if extra not in before:
                 fig.delaxes(extra)

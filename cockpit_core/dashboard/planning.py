@@ -122,7 +122,9 @@ def plan(data: LogData, instruments: Iterable[Instrument]) -> Plan:
 def _is_available(inst: Instrument, data: LogData, panel: Panel) -> bool:
     try:
         return bool(inst.available(panel_output(data, panel)))  # type: ignore[misc]
-    except Exception:  # a broken check hides the panel rather than the dashboard
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException:  # a broken check (even SystemExit) hides the panel, not the dashboard
         return False
 
 

@@ -118,10 +118,25 @@ class StepCollection:
 
     @contextlib.contextmanager
     def _guarded(self, name: str, col: Collection) -> Iterator[None]:
-        """``provider.collect(col)``; a provider that raises after backward loses its statistics."""
+        """``provider.collect(col)``; a provider that raises after backward loses its statistics.
+
+        Exceptions while it sets up (``MisuseError``, ``MissingInfoError``) reach the user;
+        any other ``BaseException`` of the plugin (``SystemExit``), at setup or after
+        ``backward``, costs only its statistics.
+        """
         provider = self.router.providers[name]
-        ctx = provider.collect(col)
-        ctx.__enter__()  # setup errors (MisuseError, MissingInfoError) reach the user
+        ctx: contextlib.AbstractContextManager | None = None
+        try:
+            ctx = provider.collect(col)
+            ctx.__enter__()
+        except (KeyboardInterrupt, GeneratorExit, Exception):
+            raise
+        except BaseException as err:  # SystemExit from a plugin must not end the run
+            _fail(col, name, err)
+            ctx = None
+        if ctx is None:
+            yield
+            return
         try:
             yield
         except BaseException as err:
@@ -130,9 +145,10 @@ class StepCollection:
         try:
             with self._others_suspended(name):
                 ctx.__exit__(None, None, None)
-        except Exception as err:  # a broken provider must not stop training
-            for stat in col.statistics:
-                col.fail(stat, f"provider '{name}' raised {type(err).__name__}: {err}")
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:  # a broken provider must not stop training
+            _fail(col, name, err)
 
     @contextlib.contextmanager
     def _others_suspended(self, name: str) -> Iterator[None]:
@@ -211,6 +227,13 @@ class StepCollection:
                 parts.append(f"Or: {MODEL_HINT}")
             out[ident] = " ".join(parts)
         return out
+
+
+def _fail(col: Collection, name: str, err: BaseException) -> None:
+    """Every statistic of ``col`` is missing: its provider ``name`` raised ``err``."""
+    message = f"provider '{name}' raised {type(err).__name__}: {err}; its statistics are missing."
+    for stat in col.statistics:
+        col.fail(stat, message)
 
 
 def _compare(index: int, grad: Any, mean: Any) -> tuple[int, float, float] | None:

@@ -70,11 +70,13 @@ def resolve_projections(
             for i, v in enumerate(values):
                 if isinstance(v, Deferred):
                     values[i] = project(stat, v, grads[i], params[i])
-        except Exception as err:
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:  # plugin code: the statistic is missing, training goes on
             del statistics[stat.identity]
             missing[stat.identity] = failed_directions(stat, err)
 
 
-def failed_directions(stat: Any, err: Exception) -> str:
+def failed_directions(stat: Any, err: BaseException) -> str:
     """The message recorded when a projection's directions could not be computed."""
     return f"{stat.describe()}: computing its projection directions failed: {err!r}"

@@ -92,7 +92,11 @@ def reduce_per_sample(
     for stat in factored:
         try:
             value = stat.factored_fn(grads, theta)
-        except Exception as err:  # a failing transform must not break backward()
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except (
+            BaseException
+        ) as err:  # a failing transform (even SystemExit) must not break backward()
             failures[stat.identity] = f"{type(err).__name__}: {err}"
             continue
         if value is NotImplemented:  # no fast path for this form: fn on the tensors
@@ -124,7 +128,11 @@ def _elementwise(
                     continue
                 try:
                     part = compute(stat, dense, theta).detach()
-                except Exception as err:  # a failing transform must not break backward()
+                except (KeyboardInterrupt, GeneratorExit):
+                    raise
+                except (
+                    BaseException
+                ) as err:  # a failing transform (even SystemExit) must not break backward()
                     failures[stat.identity] = f"{type(err).__name__}: {err}"
                     values.pop(stat.identity, None)
                     continue
@@ -134,7 +142,11 @@ def _elementwise(
     for stat in stats:
         try:
             values[stat.identity] = compute(stat, whole, theta).detach()
-        except Exception as err:  # a failing transform must not break backward()
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except (
+            BaseException
+        ) as err:  # a failing transform (even SystemExit) must not break backward()
             failures[stat.identity] = f"{type(err).__name__}: {err}"
 
 
@@ -159,5 +171,7 @@ def _direct(
                 values[stat.identity] = project(stat, grads, final_gradient(), theta)
             return
         values[stat.identity] = stat.kind.from_per_sample(grads, stat, theta).detach()
-    except Exception as err:  # a failing transform must not break backward()
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as err:  # a failing transform (even SystemExit) must not break backward()
         failures[stat.identity] = f"{type(err).__name__}: {err}"

@@ -13,13 +13,14 @@ statistic some parameter did not receive is reported with the reasons.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from cockpit_core.errors import ConfigError, MisuseError
+from cockpit_core.errors import CockpitWarning, ConfigError, MisuseError
 from cockpit_core.requirements import MergedRequirements, Statistic
 from cockpit_core.statistics.gather import StepCollection
 from cockpit_core.statistics.kinds import StatisticKind
@@ -209,9 +210,13 @@ class StatisticsRouter:
         }
 
     def arm(self, statistics: Sequence[Statistic]) -> None:
-        """Arm the observing providers for a forward pass of a step with ``statistics``."""
+        """Arm the observing providers for a forward pass of a step with ``statistics``.
+
+        A provider that raises (even ``SystemExit``) is reported and left as it is: the
+        statistics it then misses are reported at the step, training goes on.
+        """
         for name, indices in self.observers(statistics).items():
-            self.providers[name].arm(indices)
+            _contained(name, "arm", self.providers[name].arm, indices)
 
     def unobserved(self, statistics: Sequence[Statistic]) -> list[str]:
         """Observing providers that needed the last forward pass but were not armed for it."""
@@ -313,8 +318,24 @@ class StatisticsRouter:
         return how, self.unrouted_message(stat, orphans) if orphans else ""
 
     def close(self) -> None:
-        """Close every provider."""
-        for provider in self.providers.values():
+        """Close every provider (one that raises is reported; the others are still closed)."""
+        for name, provider in self.providers.items():
             if provider.observes_forward:
-                provider.arm(frozenset())
-            provider.close()
+                _contained(name, "disarm", provider.arm, frozenset())
+            _contained(name, "close", provider.close)
+
+
+def _contained(name: str, action: str, call: Any, *args: Any) -> None:
+    """Run a provider's ``call(*args)``; warn instead of raising (``KeyboardInterrupt`` passes)."""
+    try:
+        call(*args)
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as err:  # plugin code (even SystemExit) must not stop training
+        warnings.warn(
+            f"cockpit: statistics provider {name!r} failed to {action}: "
+            f"{type(err).__name__}: {err}; training continues, and statistics it misses are "
+            "reported at the steps that need them.",
+            CockpitWarning,
+            stacklevel=3,
+        )

@@ -230,17 +230,50 @@ def test_backpack_refuses_batch_norm_in_training_mode():
     assert provider.supports(slot, BATCH_L2.kind) is None
 
 
-def test_first_step_warns_about_batch_norm_in_training_mode():
+@pytest.mark.parametrize("attach", [True, False], ids=["model attached", "no model"])
+def test_first_step_warns_about_batch_norm_in_training_mode(attach):
     problem = tiny_mlp(batch_size=8)
     model = _bn_model()
     cp = Cockpit(model.named_parameters(), ["grad_norm", "norm_test"], on_error="warn")
-    cp.attach(model)
+    if attach:
+        cp.attach(model)
     with pytest.warns(
         CockpitWarning,
         match=r"BatchNorm module\(s\) '1' are in training mode while per-sample statistics are "
         r"tracked: in training mode BatchNorm mixes the samples of a batch",
     ):
         train(cp, model, problem, steps=1)
+
+
+def test_no_batch_norm_warning_in_eval_mode_without_a_model():
+    problem = tiny_mlp(batch_size=8)
+    model = _bn_model().eval()
+    cp = Cockpit(model.named_parameters(), ["grad_norm", "norm_test"], on_error="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(cp, model, problem, steps=1)
+    assert not [w for w in caught if "BatchNorm" in str(w.message)]
+    assert not cp.errors and "norm_test" in cp.get_output()[0]
+
+
+def test_cockpit_check_reports_batch_norm_in_training_mode(tmp_path, capsys):
+    from cockpit_core.cli import main
+
+    factory = tmp_path / "bn_model.py"
+    factory.write_text(
+        "import torch\n\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(6, 4), "
+        "torch.nn.BatchNorm1d(4), torch.nn.ReLU(), torch.nn.Linear(4, 3))\n"
+    )
+    assert main(["check", f"{factory}:make", "--quantities", "grad_norm,norm_test"]) == 1
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split() == ["grad_norm", "ok", "no", "statistics", "beyond", "p.grad"]
+    assert rows[1].split()[:2] == ["norm_test", "UNAVAILABLE"]
+    assert (
+        "No installed provider computes batch_l2 for parameter(s) '1.weight', '1.bias' (hooks: "
+        "no rule for BatchNorm1d: in training mode BatchNorm mixes the samples of a batch, so "
+        "per-sample gradients are not defined; backpack: in training mode BatchNorm mixes the "
+        "samples of a batch, so per-sample gradients are not defined;" in rows[2]
+    )
 
 
 # -- gradient clipping ---------------------------------------------------------------------

@@ -171,7 +171,7 @@ class BackpackProvider(StatisticProvider):
             options = (
                 {"mc_samples": dict(stat.options).get("mc_samples", 1)} if cls is DiagGGNMC else {}
             )
-            ext = guarded(cls, stat.identity, **options)
+            ext = guarded(cls, stat.identity, self.params, **options)
             fast = DiagHConv2dFast() if cls is DiagHessian else DiagGGNConv2dFast()
             ext.set_module_extension(torch.nn.Conv2d, fast, overwrite=True)
             exts.append(ext)
