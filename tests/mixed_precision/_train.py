@@ -1,4 +1,4 @@
-"""One small training run with or without a GradScaler or bf16 autocast, and a comparison."""
+"""One small training run with or without a GradScaler or autocast, and a comparison."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def train(
     pass_scaler: bool = True,
     **cockpit_options: Any,
 ) -> Cockpit:
-    """Train 3 SGD steps; ``mode``: ``plain``, ``scaler`` (init scale 1024) or ``bf16``.
+    """Train 3 SGD steps; ``mode``: ``plain``, ``scaler`` (init scale 1024), ``bf16`` or
+    ``fp16`` (forward passes under CPU autocast to that precision).
 
     ``path``: ``hooks`` (``Cockpit(model, ...)``: module hooks) or ``backpack``
     (``Cockpit(model.named_parameters(), ...)`` on the extended model). ``inside(step,
@@ -52,9 +53,8 @@ def train(
     params = model if path == "hooks" else model.named_parameters()
     cp = Cockpit(params, quantities, on_error="warn", **cockpit_options)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if mode == "scaler" else None
-    autocast = (
-        torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext()
-    )
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+    autocast = torch.autocast("cpu", dtype=half) if half else contextlib.nullcontext()
     x, y = batches()
     for step in range(STEPS):
         opt.zero_grad()

@@ -31,27 +31,20 @@ from cockpit_core import Cockpit, checks  # noqa: E402
 CURVATURE = ["tic_diag", "hess_trace"]
 FIRST_ORDER = [q for q in QUANTITIES if q not in CURVATURE]
 RATIOS = ("alpha", "inner_test", "norm_test", "ortho_test")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # rtol: of most values, of the ratios, of the curvature diagonals; histogram counts moved
 BF16 = {"rtol": 0.05, "ratios": 0.15, "curvature": 0.1, "moved": 0.05}
 TOLERANCES = {"bf16": BF16, "fp16": {key: value / 5 for key, value in BF16.items()}}
 
 
-def train_autocast(precision: str, path: str, quantities: list[str], monkeypatch) -> Cockpit:
+def train_autocast(precision: str, path: str, quantities: list[str]) -> Cockpit:
     """:func:`_train.train` with its forward passes under autocast to ``precision``.
 
     The run must not warn that ``p.grad`` is not the mean of the per-sample gradients:
     that check allows for the rounding of ``precision``.
     """
-    autocast = torch.autocast  # _train's "bf16" mode enters torch.autocast("cpu", dtype=...)
-
-    def to_precision(device_type: str, dtype: torch.dtype) -> torch.autocast:
-        return autocast(device_type, dtype=DTYPES[precision])
-
-    monkeypatch.setattr(torch, "autocast", to_precision)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cp = train("bf16", path, quantities)
+        cp = train(precision, path, quantities)
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "is not the mean of its per-sample gradients" in m]
     return cp
@@ -68,9 +61,9 @@ def _compare_histograms(half: Cockpit, fp32: Cockpit, moved: float) -> None:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("path", ["hooks", "backpack"])
-def test_autocast_gives_the_float32_statistics(path, precision, monkeypatch):
+def test_autocast_gives_the_float32_statistics(path, precision):
     fp32 = train("plain", path, FIRST_ORDER)
-    half = train_autocast(precision, path, FIRST_ORDER, monkeypatch)
+    half = train_autocast(precision, path, FIRST_ORDER)
     tol = TOLERANCES[precision]
     _compare_histograms(half, fp32, tol["moved"])
     for cp in (half, fp32):  # alpha's "exact" flag depends on rounding, not on the value
@@ -82,10 +75,10 @@ def test_autocast_gives_the_float32_statistics(path, precision, monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_curvature_diagonals_under_autocast_are_the_float32_ones(precision, monkeypatch):
+def test_curvature_diagonals_under_autocast_are_the_float32_ones(precision):
     """BackPACK's DiagHessian runs in float32 on the half-precision inputs it saved."""
     fp32 = train("plain", "backpack", CURVATURE)
-    half = train_autocast(precision, "backpack", CURVATURE, monkeypatch)
+    half = train_autocast(precision, "backpack", CURVATURE)
     expected = fp32.get_output()
     assert sorted(expected) == list(range(STEPS))  # every step and quantity is compared
     assert all(set(values) == set(CURVATURE) for values in expected.values())
