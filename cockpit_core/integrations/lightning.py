@@ -26,7 +26,8 @@ Several optimizers (manual optimization): give one Cockpit per optimizer,
 ``manual_backward`` is tracked by the Cockpit of the optimizer it belongs to, with that
 optimizer's own step counter (its number of ``step()`` calls so far). Which optimizer a
 backward pass belongs to is ``self.cockpit_info["optimizer_index"]`` if set, else the one
-Cockpit whose parameters the loss reaches (e.g. with ``self.toggle_optimizer(opt)``).
+Cockpit whose parameters the loss reaches (e.g. with ``self.toggle_optimizer(opt)``); one
+that reaches no Cockpit's parameters (an optimizer without a Cockpit) is not tracked.
 
 Install with ``pip install cockpit-core[lightning]``.
 """
@@ -134,7 +135,10 @@ class CockpitCallback(Callback):
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         """Enter the step of the Cockpit this backward pass belongs to."""
         extra = dict(getattr(pl_module, self.attribute, None) or {})
-        chosen = self._choose(extra.pop("optimizer_index", None), loss)
+        several = len(trainer.optimizers) > 1 and not getattr(
+            pl_module, "automatic_optimization", True
+        )
+        chosen = self._choose(extra.pop("optimizer_index", None), loss, several)
         if chosen is None:
             return
         index, cp = chosen
@@ -173,12 +177,16 @@ class CockpitCallback(Callback):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _choose(self, index: Any, loss: Any) -> tuple[int | None, Cockpit] | None:
-        """``(optimizer index, Cockpit)`` of this backward pass, or ``None``: not tracked."""
+    def _choose(self, index: Any, loss: Any, several: bool) -> tuple[int | None, Cockpit] | None:
+        """``(optimizer index, Cockpit)`` of this backward pass, or ``None``: not tracked.
+
+        With several optimizers in manual optimization a backward pass that reaches none of
+        the Cockpits' parameters (that of an optimizer without a Cockpit) is not tracked.
+        """
         if index is not None:
             cp = self.cockpits.get(int(index))
             return None if cp is None else (int(index), cp)
-        if len(self.cockpits) == 1:
+        if not several:
             return next(iter(self.cockpits.items()))
         reached = _reached_parameters(loss)
         hits = [
@@ -189,7 +197,8 @@ class CockpitCallback(Callback):
                 f"CockpitCallback: this backward pass reaches the parameters of the Cockpits "
                 f"of optimizers {[i for i, _ in hits]}; say which optimizer it belongs to: "
                 "self.cockpit_info = {'optimizer_index': i, ...} before manual_backward(), "
-                "or use self.toggle_optimizer(opt)."
+                "or use self.toggle_optimizer(opt). If one backward pass serves several "
+                "optimizers, track their parameters with one Cockpit instead."
             )
         return hits[0] if hits else None
 

@@ -93,3 +93,80 @@ def assert_params_equal(actual, expected, rtol: float = 1e-5) -> None:
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a.detach(), e, rtol=rtol, atol=1e-7)
+
+
+# -- brute force for Cockpits over part of the parameters (several optimizers) -------------
+
+
+def chain_losses(params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-sample losses of ``Linear(6, 5), Tanh, Linear(5, 3)`` written out (no modules)."""
+    w1, b1, w2, b2 = params
+    logits = torch.tanh(x @ w1.T + b1) @ w2.T + b2
+    return torch.nn.functional.cross_entropy(logits, y, reduction="none")
+
+
+def per_sample(losses_fn, params, tracked, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample losses ``[B]`` and gradients ``[B, D]`` w.r.t. ``params[k], k in tracked``."""
+    params = [p.detach().double().requires_grad_() for p in params]
+    rows = []
+    for n in range(len(x)):
+        loss = losses_fn(params, x[n : n + 1].double(), y[n : n + 1]).sum()
+        grads = torch.autograd.grad(loss, [params[k] for k in tracked])
+        rows.append(torch.cat([g.flatten() for g in grads]))
+    with torch.no_grad():
+        losses = losses_fn(params, x.double(), y)
+    return losses, torch.stack(rows)
+
+
+def _alpha(start: tuple, end: tuple, d: torch.Tensor) -> float:
+    """alpha (Mahsereci & Hennig, 2017) along ``d``: whitened least squares by numpy."""
+    t = float(d.norm())
+    (f0, g0), (f1, g1) = start, end
+    s0, s1 = g0 @ (d / t), g1 @ (d / t)
+    values = [float(v) for v in (f0.mean(), f1.mean(), s0.mean(), s1.mean())]
+    sigma = np.sqrt([float(v.var()) for v in (f0, f1, s0, s1)])
+    rows = np.array([[1, 0, 0], [1, t, t * t], [0, 1, 0], [0, 1, 2 * t]], dtype=float)
+    mu = np.linalg.lstsq(rows / sigma[:, None], np.array(values) / sigma, rcond=None)[0]
+    return -1.0 if mu[2] <= 0 else t / (-mu[1] / (2 * mu[2])) - 1
+
+
+def brute_force(losses_fn, states: list, tracked: list[int], batches: list) -> dict:
+    """What a Cockpit over ``params[k], k in tracked`` must record, from the definitions.
+
+    ``states[s]``: every parameter during step ``s`` (one more after the last step);
+    ``batches[s]``: ``(x, y)`` of step ``s``. Float64. Returns ``{step: {"loss",
+    "grad_norm", "distance", "update_size", "alpha"}}`` (the last step without the two
+    update-based ones: no next step ends them).
+    """
+    theta = [torch.cat([state[k].detach().double().flatten() for k in tracked]) for state in states]
+    ends = [per_sample(losses_fn, states[s], tracked, *b) for s, b in enumerate(batches)]
+    out = {}
+    for s, (losses, grads) in enumerate(ends):
+        values = {
+            "loss": float(losses.mean()),
+            "grad_norm": float(grads.mean(0).norm()),
+            "distance": float((theta[s] - theta[0]).norm()),
+        }
+        if s + 1 < len(batches):
+            d = theta[s + 1] - theta[s]
+            values.update(update_size=float(d.norm()), alpha=_alpha(ends[s], ends[s + 1], d))
+        out[s] = values
+    return out
+
+
+def assert_matches_brute_force(
+    output: dict, expected: dict, rel: float = 1e-7, skip: tuple[str, ...] = ()
+) -> None:
+    """Each step's values equal the brute force; only those steps and values are recorded.
+
+    ``skip``: quantities recorded but not compared (checked elsewhere).
+    """
+    assert sorted(output) == sorted(expected)
+    for step, values in expected.items():
+        got = {k: v for k, v in output[step].items() if k not in ("time", *skip)}
+        assert sorted(got) == sorted(k for k in values if k not in skip), step
+        for key, value in got.items():
+            if isinstance(value, dict):
+                assert value.get("exact", True) is True, f"{step}.{key}"
+                value = value["alpha"] if key == "alpha" else value["total"]
+            assert value == pytest.approx(values[key], rel=rel, abs=1e-12), f"{step}.{key}"

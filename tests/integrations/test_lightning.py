@@ -16,8 +16,11 @@ from _common import (  # noqa: E402
     LR,
     QUANTITIES,
     STEPS,
+    assert_matches_brute_force,
     assert_outputs_equal,
     assert_params_equal,
+    brute_force,
+    chain_losses,
     data,
     import_framework,
     make_model,
@@ -202,3 +205,132 @@ def test_one_cockpit_over_two_optimizers_is_a_clear_error(tmp_path):
         r"parameters belong to several optimizers",
     ):
         trainer.fit(module, loader)
+
+
+class Chain(pl.LightningModule):
+    """Manual optimization: optimizer 0 trains the first layer, 1 the second (float64).
+
+    Each optimizer has its own backward pass of the loss of the whole network, which
+    reaches the parameters of both unless ``toggle_optimizer`` freezes the other's.
+    ``route`` says how the callback learns the optimizer: ``"index"``
+    (``cockpit_info["optimizer_index"]``), ``"toggle"`` or ``None`` (neither);
+    ``"shared"``: one backward pass for both optimizers. The second optimizer's gradient
+    is clipped (norm ``CLIP``) between backward and step.
+    """
+
+    def __init__(self, route: str | None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = extend(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh()).double())
+        self.b = extend(torch.nn.Sequential(torch.nn.Linear(5, 3)).double())
+        self.loss_fn = extend(torch.nn.CrossEntropyLoss())
+        self.route = route
+        self.automatic_optimization = False
+        self.states: dict[int, list] = {0: [], 1: []}  # every parameter before each backward
+        self.batches: list = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.batches.append((x, y))
+        if self.route == "shared":
+            return self._shared_step(x, y)
+        for i, opt in enumerate(self.optimizers()):
+            if self.route == "toggle":
+                self.toggle_optimizer(opt)
+            self.states[i].append([p.detach().clone() for p in self.parameters()])
+            out = self.b(self.a(x))
+            losses = torch.nn.functional.cross_entropy(out, y, reduction="none")
+            self.cockpit_info = {"batch_size": len(x), "individual_losses": losses.detach()}
+            if self.route == "index":
+                self.cockpit_info["optimizer_index"] = i
+            opt.zero_grad()
+            self.manual_backward(self.loss_fn(out, y))
+            if i == 1:
+                self.clip_gradients(opt, gradient_clip_val=CLIP, gradient_clip_algorithm="norm")
+            opt.step()
+            if self.route == "toggle":
+                self.untoggle_optimizer(opt)
+
+    def _shared_step(self, x, y):
+        opts = self.optimizers()
+        self.states[0].append([p.detach().clone() for p in self.parameters()])
+        self.cockpit_info = {"batch_size": len(x)}
+        for opt in opts:
+            opt.zero_grad()
+        self.manual_backward(self.loss_fn(self.b(self.a(x)), y))
+        self.clip_gradients(opts[1], gradient_clip_val=CLIP, gradient_clip_algorithm="norm")
+        for opt in opts:
+            opt.step()
+
+    def configure_optimizers(self):
+        return [
+            torch.optim.SGD(self.a.parameters(), lr=0.5, momentum=0.9),
+            torch.optim.SGD(self.b.parameters(), lr=0.8),
+        ]
+
+
+CHAIN_QUANTITIES = ["loss", "grad_norm", "update_size", "distance", "alpha"]
+
+
+def _fit_chain(tmp_path, route, indices=(0, 1)):
+    """Three batches of 16 (float64); a Cockpit per optimizer index in ``indices``."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(48, 6, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 3, (48,), generator=gen)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    module = Chain(route)
+    nets = (module.a, module.b)
+    cps = {
+        i: Cockpit(nets[i].named_parameters(), CHAIN_QUANTITIES, on_error="raise") for i in indices
+    }
+    if not indices:  # one Cockpit over both optimizers' parameters
+        cps = Cockpit(module.named_parameters(), ["loss", "grad_norm", "update_size", "distance"])
+    _trainer(tmp_path, [CockpitCallback(cps)], max_epochs=1).fit(module, loader)
+    return module, cps
+
+
+def _chain_brute_force(module, i):
+    """What the Cockpit of optimizer ``i`` must record: its parameters at its backward passes."""
+    states = [*module.states[i], list(module.parameters())]  # + after the last step
+    return brute_force(chain_losses, states, [2 * i, 2 * i + 1], module.batches)
+
+
+@pytest.mark.parametrize("route", ["index", "toggle"])
+def test_each_cockpit_sees_its_optimizers_parameters_update_and_clipping(tmp_path, route):
+    """Update-based values are over exactly the parameters each optimizer updates."""
+    module, cps = _fit_chain(tmp_path, route)
+    for i in (0, 1):
+        expected = _chain_brute_force(module, i)
+        assert sorted(expected) == [0, 1, 2]  # one record per batch
+        assert_matches_brute_force(cps[i].get_output(), expected, rel=1e-7)
+    clipped = _chain_brute_force(module, 1)
+    assert all(v["grad_norm"] > CLIP for v in clipped.values())  # clipping acted on 1 ...
+    for s in (0, 1):  # ... after the Cockpit step: lr * CLIP (clip_grad_norm_: eps 1e-6)
+        assert clipped[s]["update_size"] == pytest.approx(0.8 * CLIP, rel=1e-5)
+
+
+def test_an_optimizer_without_a_cockpit_is_not_tracked(tmp_path):
+    """Only optimizer 1 has a Cockpit: optimizer 0's backward passes are not recorded."""
+    module, cps = _fit_chain(tmp_path, "toggle", indices=(1,))
+    assert_matches_brute_force(cps[1].get_output(), _chain_brute_force(module, 1), rel=1e-7)
+
+
+def test_a_backward_pass_reaching_two_cockpits_is_a_clear_error(tmp_path):
+    with pytest.raises(
+        MisuseError,
+        match=r"^CockpitCallback: this backward pass reaches the parameters of the Cockpits "
+        r"of optimizers \[0, 1\]; say which optimizer it belongs to: self\.cockpit_info = "
+        r"\{'optimizer_index': i, \.\.\.\} before manual_backward\(\), or use "
+        r"self\.toggle_optimizer\(opt\)\. If one backward pass serves several optimizers, "
+        r"track their parameters with one Cockpit instead\.$",
+    ):
+        _fit_chain(tmp_path, None)
+
+
+def test_one_backward_pass_for_two_optimizers_is_tracked_by_one_cockpit(tmp_path):
+    """One record per batch over all parameters; the optimizer mismatch is warned about."""
+    with pytest.warns(CockpitWarning, match=r"does not update 2 tracked parameter\(s\)"):
+        module, cp = _fit_chain(tmp_path, "shared", indices=())
+    states = [*module.states[0], list(module.parameters())]
+    expected = brute_force(chain_losses, states, [0, 1, 2, 3], module.batches)
+    assert_matches_brute_force(cp.get_output(), expected, rel=1e-7, skip=("alpha",))
