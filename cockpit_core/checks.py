@@ -33,13 +33,17 @@ def nonfinite_reason(
 
 
 def optimizer_mismatch(optimizer: Any, params: Sequence[torch.Tensor]) -> str | None:
-    """A message if ``optimizer`` updates other parameters than the Cockpit tracks."""
+    """A message if ``optimizer`` does not update every parameter the Cockpit tracks.
+
+    Tracking a subset of the optimizer's parameters (one group, one part of the model) is
+    fine: learning rates and updates are looked up per parameter.
+    """
     groups = getattr(optimizer, "param_groups", None)
     if groups is None:
         return None
     opt_ids = {id(p) for g in groups for p in g["params"]}
     ids = {id(p) for p in params}
-    if opt_ids == ids:
+    if ids <= opt_ids:
         return None
     untracked = len(opt_ids - ids)
     unoptimized = len(ids - opt_ids)

@@ -1,5 +1,7 @@
 """Misuse gets a clear error or warning that says what to do."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -57,6 +59,18 @@ def test_optimizer_with_other_parameters_warns():
         CockpitWarning,
         match="updates 2 parameter\\(s\\) the Cockpit does not track and does not update 4",
     ):
+        with cp(0, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+
+
+def test_tracking_a_subset_of_the_optimizers_parameters_is_fine():
+    problem, model, out, y = setup()
+    extra = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD([*model.parameters(), *extra.parameters()], lr=0.1)
+    cp = Cockpit(model.named_parameters(), ["loss"])
+    loss = problem.loss_module()(out, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CockpitWarning)
         with cp(0, info={"loss": loss, "optimizer": opt}):
             loss.backward()
 
