@@ -77,11 +77,9 @@ def test_1000_tracked_steps_keep_memory_flat_without_cycle_warnings():
 
 
 def test_cockpit_style_create_graph_does_not_leak_either():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _, losses, probes = _train(60, create_graph=True, probe_at=(20, 59))
-    # PyTorch warns here (so the check above would catch a cycle), but the core detaches
-    # the differentiable gradients after each step, so nothing accumulates
-    assert any("reference cycle" in str(w.message) for w in caught)
+    # PyTorch warns about a reference cycle here (once per process, so an earlier test may
+    # have used that warning up), but the core detaches the differentiable gradients after
+    # each step, so nothing accumulates
+    _, losses, probes = _train(60, create_graph=True, probe_at=(20, 59))
     assert probes[59][0] == probes[20][0]
     assert all(ref() is None for ref in losses)
