@@ -14,6 +14,10 @@ module's own mean, before the scaling) are weighted by ``B_k / B``, and
 With a ``GradScaler`` (``info["grad_scaler"]`` given to ``cp(step, ...)``), each
 micro-batch backpropagates ``scaler.scale(loss_k)``; its statistics are unscaled like
 those of a single backward pass.
+
+Requests (``cp(step, *requests, accumulate=True)``, e.g. BackPACK extensions) run in every
+micro-batch's backward pass; what they leave on the parameters is the provider's business
+(BackPACK overwrites its results at each backward: the last micro-batch's remain).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def micro_batch(run: StepRun, info: dict[str, Any] | None) -> Iterator[None]:
     ctx = None
     stats: dict = {}
     missing: dict = {}
-    if merged.statistics:
+    requests = getattr(run, "requests", ())
+    if merged.statistics or requests:
         ctx = run.cp._backend.collect(
             merged,
             run.batch_size,
@@ -59,6 +64,7 @@ def micro_batch(run: StepRun, info: dict[str, Any] | None) -> Iterator[None]:
             eager=False,
             samples=_micro_size(info) or None,
             loss_scale=run.loss_scale,
+            requests=requests,
         )
         stats, missing = ctx.__enter__()
     probe = LossGradient(info.get("loss"))

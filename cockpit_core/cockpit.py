@@ -20,11 +20,13 @@ from cockpit_core.config import (
     parse_settings,
     resolve_quantities,
 )
+from cockpit_core.config_quantities import quantity_entry, resolve_added_quantity
 from cockpit_core.coverage import CoverageReport, check_model
 from cockpit_core.distributed import Distributed, active_group, writes_here
 from cockpit_core.error_policy import ErrorPolicy
 from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError, MisuseError
 from cockpit_core.log import LogWriter
+from cockpit_core.metrics import METRICS_KEY, clean_metrics
 from cockpit_core.normalize import check_unique_keys, split_params
 from cockpit_core.planner import Planner
 from cockpit_core.quantity import Quantity
@@ -180,6 +182,9 @@ class Cockpit:
         self._last_step: int | None = None
         self._in_step = False
         self._info_checked = False
+        self._info_unchecked: list[Quantity] = []  # added by add(): check at the next step
+        self._added_at: dict[str, int] = {}  # key of an added quantity -> its first step
+        self._active_step: int | None = None  # the step of the active with block
         self._emit({"kind": "header", **self.header()})
 
     # -- construction helpers -------------------------------------------------------------
@@ -234,9 +239,8 @@ class Cockpit:
             "plugins": {p.distribution: p.version for p in self.registry.plugins if p.ok},
             "quantities": [
                 {
-                    "name": q.name,
-                    "key": q.key,
-                    **q.config.model_dump(mode="json", exclude_defaults=True),
+                    **quantity_entry(q),
+                    **({"added_at": self._added_at[q.key]} if q.key in self._added_at else {}),
                 }
                 for q in self.quantities
             ],
@@ -249,15 +253,30 @@ class Cockpit:
     # -- the training-loop API ------------------------------------------------------------
 
     def __call__(
-        self, step: int, info: Mapping[str, Any] | None = None, *, accumulate: bool = False
+        self,
+        step: int,
+        *requests: Any,
+        info: Mapping[str, Any] | None = None,
+        accumulate: bool = False,
     ) -> contextlib.AbstractContextManager:
         """Context manager around ``loss.backward()`` for ``step``.
+
+        ``requests`` are computed in the same backward pass by the statistics provider
+        that accepts them, e.g. BackPACK extensions, as in Cockpit 1.0.2's
+        ``cockpit(step, DiagGGNExact(), info=...)``: their results stay on the parameters
+        after the step (``p.diag_ggn_exact``). One the quantities also need (same class,
+        same hyperparameters) is computed once; one that differs only in its
+        hyperparameters raises ``RequirementConflictError`` (``docs/quickstart.md``).
 
         With ``accumulate=True`` the step spans several micro-batches (gradient
         accumulation): wrap each micro-batch's ``backward()`` in ``run.micro_batch(info)``
         where ``run`` is what the ``with`` statement binds (``docs/distributed.md``).
+
+        Raises:
+            MisuseError: No installed provider accepts one of ``requests`` (on entry).
+
         """
-        return StepRun(self, step, dict(info or {}), accumulate=accumulate)
+        return StepRun(self, step, dict(info or {}), accumulate=accumulate, requests=requests)
 
     def retain_graph(self, step: int) -> bool:
         """Whether ``backward`` must keep the graph at ``step`` (a quantity needs HVPs)."""
@@ -272,7 +291,7 @@ class Cockpit:
         """
         return self.retain_graph(step)
 
-    def prepare(self, step: int) -> None:
+    def prepare(self, step: int, *requests: Any) -> None:
         """Arm the statistics providers that observe the forward pass of ``step``.
 
         Providers that record layer inputs during the forward pass (module hooks,
@@ -281,8 +300,102 @@ class Cockpit:
         between steps) needs their statistics. Loops whose step numbers are evenly spaced
         never need to call this; call it before the forward pass when the next step number
         cannot be predicted.
+
+        ``requests`` (those later passed to ``cp(step, *requests)``) arm the providers that
+        accept them for every parameter, for the rest of the run: call it once before the
+        forward pass of the first step that passes them, if their provider was not armed
+        yet (a warning at that step says so).
+
+        Raises:
+            MisuseError: No installed provider accepts one of ``requests``.
+
         """
+        self._backend.request(requests, where=f"cp.prepare({step}, ...)")
         self._planner.prepare(step)
+
+    def add(self, quantity: QuantitySpec) -> Quantity:
+        """Track one more quantity from the next step on.
+
+        ``quantity`` is what an entry of the constructor's ``quantities`` list may be,
+        except a preset: a name (``"grad_norm"``), an option dict (``{"name":
+        "hess_max_ev", "every": 10}``), a Quantity class or instance, validated the same
+        way. Call it between steps, before the forward pass of the next step, so that the
+        statistics providers observe that pass; under ``torch.distributed`` call it on
+        every process. The ``info`` keys it needs are checked when the next step begins.
+        The log gets a ``quantity_added`` record and the header (of :meth:`header`,
+        :meth:`write`, ``read_run``) lists the quantity with ``added_at``, the first step
+        it applies to (``docs/log_format.md``).
+
+        Returns:
+            The resolved quantity; its values appear under its ``key``.
+
+        Raises:
+            ConfigError: Unknown name (with the closest installed one), bad options, a
+                preset, or an output key that a tracked quantity already writes (or the
+                reserved key ``"metrics"``); nothing is added.
+            MisuseError: Called inside a ``with cp(step, ...)`` block.
+
+        """
+        if self._in_step:
+            raise MisuseError(
+                f"cp.add(...) called inside the `with cp({self._active_step}, ...)` block: add "
+                "quantities between steps (after the block, before the next forward pass); "
+                "they are tracked from the next step on."
+            )
+        q = resolve_added_quantity(quantity, self.quantities, self.registry)
+        self._warn_unprovided_kinds([q])  # asks for its requirements before anything changes
+        step = 0 if self._last_step is None else self._last_step + 1
+        self.quantities.append(q)
+        self._planner.add(q)
+        self._added_at[q.key] = step
+        self._info_unchecked.append(q)
+        model = self._backend.model
+        if self._math_attention and self._attention_hooks is None and model is not None:
+            if any(r.loss_graph for r in q.all_requirements()):
+                self._attention_hooks = MathAttentionHooks(
+                    model, lambda: not self._disabled_all_hvp()
+                )
+        self._emit({"kind": "quantity_added", "step": step, "quantity": quantity_entry(q)})
+        return q
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Record metrics that the training script measured, e.g. once per epoch.
+
+        Cockpit 1.0.2's names (``epoch_count``, ``train_loss``, ``valid_loss``,
+        ``test_loss``, ``train_accuracy``, ``valid_accuracy``, ``test_accuracy``,
+        ``learning_rate``) are drawn by the dashboard's *Performance* panel; any other
+        name is kept as well. Several calls at one step merge (a later value of a name
+        replaces the earlier one). Allowed at any time except inside the ``with
+        cp(...)`` block of another step. See ``docs/quickstart.md``.
+
+        Metrics land in ``cp.get_output()[step]["metrics"]`` and reach the log and every
+        sink as ``{"kind": "metrics", "step": step, "metrics": {name: value}}``.
+
+        Args:
+            step: The global step the metrics belong to (need not be a tracked step).
+            **metrics: ``name=value`` with an int, a float, a numpy number, a 0-d tensor
+                (logged as a float) or ``None`` (not measured: nothing is recorded for it).
+
+        Raises:
+            TypeError: A value is not one of those (bools, strings, arrays are refused);
+                nothing of the call is logged.
+            MisuseError: ``step`` is not an integer, no metric was given, or the call is
+                inside the ``with cp(...)`` block of another step.
+
+        """
+        step, measured = clean_metrics(step, metrics)
+        if self._in_step and step != self._active_step:
+            raise MisuseError(
+                f"cp.log({step}, ...) called inside the `with cp({self._active_step}, ...)` "
+                f"block: log metrics of step {step} outside that block, or pass step "
+                f"{self._active_step}."
+            )
+        if not measured:
+            return
+        if self.keep_in_memory:
+            row = self._output.setdefault(step, {})
+            row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **measured}
+        self._emit({"kind": "metrics", "step": step, "metrics": dict(measured)})
 
     def attach(
         self,
@@ -403,7 +516,11 @@ class Cockpit:
         return self._policy.skipped
 
     def get_output(self) -> dict[int, dict[str, Any]]:
-        """All values tracked so far as ``{step: {quantity_key: value}}``."""
+        """All values tracked so far as ``{step: {quantity_key: value}}``.
+
+        Metrics logged with :meth:`log` are under the reserved key ``"metrics"``:
+        ``{step: {..., "metrics": {name: value}}}``.
+        """
         return {s: dict(v) for s, v in sorted(self._output.items())}
 
     def write(self, path: str | Path) -> Path:
@@ -452,10 +569,10 @@ class Cockpit:
 
     # -- checks ---------------------------------------------------------------------------
 
-    def _warn_unprovided_kinds(self) -> None:
+    def _warn_unprovided_kinds(self, quantities: Iterable[Quantity] | None = None) -> None:
         """Warn now about statistics that no installed provider computes at all."""
         providers = self._backend.providers.values()
-        for q in self.quantities:
+        for q in self.quantities if quantities is None else quantities:
             for stat in {
                 s.identity: s for r in q.all_requirements() for s in r.statistics
             }.values():
@@ -471,8 +588,15 @@ class Cockpit:
                 )
 
     def _check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
+        """Raise :class:`MissingInfoError` if ``info`` lacks a key the quantities need.
+
+        Quantities added with :meth:`add` since the last check are checked too, whether
+        they run at this step or not (as the first step checks every quantity).
+        """
         problems = []
-        for q in quantities:
+        quantities = list(quantities)
+        added = [q for q in self._info_unchecked if all(q is not t for t in quantities)]
+        for q in quantities + added:
             try:
                 needed = set(q.required_info())
                 per_sample = any(s.per_sample for r in q.all_requirements() for s in r.statistics)
@@ -482,14 +606,16 @@ class Cockpit:
                 continue
             if per_sample and "individual_losses" not in info:
                 needed.add("batch_size")
+            added_by = " (added with cp.add)" if q.key in self._added_at else ""
             for key in sorted(needed - set(info)):
-                problems.append(f"'{q.key}' needs info['{key}']")
+                problems.append(f"'{q.key}'{added_by} needs info['{key}']")
         if problems:
             raise MissingInfoError(
                 "Missing info keys: " + "; ".join(problems) + ". Pass them at every step: "
                 "with cp(step, info={...}). Common keys: loss, individual_losses, "
                 "batch_size, optimizer."
             )
+        self._info_unchecked = []
 
     # -- running a step -------------------------------------------------------------------
 

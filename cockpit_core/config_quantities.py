@@ -11,11 +11,17 @@ from collections.abc import Iterable
 from typing import Any, Union
 
 from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
+from cockpit_core.metrics import METRICS_KEY
 from cockpit_core.quantity import Quantity, validate_config
 from cockpit_core.registry import Registry
 
 QuantitySpec = Union[str, dict[str, Any], Quantity, type]
 """A quantity name, preset name, option dict, Quantity instance or Quantity class."""
+
+RESERVED_KEY_MESSAGE = (
+    f"the output key '{METRICS_KEY}' is reserved for the metrics of cp.log(step, ...); "
+    "give this quantity another 'label'"
+)
 
 
 def resolve_quantities(
@@ -75,13 +81,76 @@ def key_collisions(
     seen: dict[str, str] = {}
     errors = []
     for path, q in zip(paths, quantities):
-        if q.key in seen:
+        if q.key == METRICS_KEY:
+            errors.append((path, RESERVED_KEY_MESSAGE))
+        elif q.key in seen:
             where = "within this entry" if seen[q.key] == path else f"also {seen[q.key]}"
             errors.append(
                 (path, f"'{q.key}' is tracked twice ({where}); give one of them a distinct 'label'")
             )
         seen.setdefault(q.key, path)
     return errors
+
+
+def quantity_entry(quantity: Quantity) -> dict[str, Any]:
+    """How the log header lists a quantity: ``name``, output ``key``, non-default options."""
+    return {
+        "name": quantity.name,
+        "key": quantity.key,
+        **quantity.config.model_dump(mode="json", exclude_defaults=True),
+    }
+
+
+def resolve_added_quantity(
+    entry: QuantitySpec, existing: Iterable[Quantity], registry: Registry
+) -> Quantity:
+    """Resolve the one quantity of ``cp.add(entry)``, checked like a constructor entry.
+
+    Args:
+        entry: A quantity name, an option dict, a Quantity class or instance (what one
+            entry of the constructor's ``quantities`` list may be, except a preset).
+        existing: The quantities the Cockpit tracks already.
+        registry: Where names are looked up.
+
+    Raises:
+        ConfigError: As the constructor raises it (unknown name with the closest installed
+            one, bad options with their field path, a key already tracked or reserved),
+            from source ``cp.add(...)`` with the path ``quantity``; also for a preset.
+
+    """
+    path, source = "quantity", "cp.add(...)"
+    name = entry.get("name") if isinstance(entry, dict) else entry
+    if isinstance(name, str) and name in registry.presets:
+        members = [str(m) for m in registry.presets[name].quantities]
+        raise ConfigError(
+            [
+                (
+                    path,
+                    f"'{name}' is a preset of {len(members)} quantities; cp.add takes one "
+                    f"quantity: add them one by one (for name in {members}: cp.add(name))",
+                )
+            ],
+            source,
+        )
+    try:
+        (quantity,) = _resolve_one(entry, registry, path, seen_presets=())
+    except ConfigError as err:
+        raise ConfigError(err.errors, source) from None
+    if quantity.key == METRICS_KEY:
+        raise ConfigError([(path, RESERVED_KEY_MESSAGE)], source)
+    if any(q.key == quantity.key for q in existing):
+        raise ConfigError(
+            [
+                (
+                    path,
+                    f"'{quantity.key}' is already tracked; give the added one a distinct "
+                    f"'label', e.g. cp.add({{'name': '{quantity.name}', 'label': "
+                    f"'{quantity.key}_2'}})",
+                )
+            ],
+            source,
+        )
+    return quantity
 
 
 def check_unique_keys(quantities: list[Quantity], source: str | None = None) -> None:

@@ -1,8 +1,11 @@
 """The demo: train a small MLP on scikit-learn's bundled 8x8 digits with cockpit on.
 
-Nothing is downloaded: the data ships inside scikit-learn. The run folder gets the log
-(``log.jsonl``), a consolidated ``output.json`` and the dashboard picture ``dashboard.png``;
-the folder is printed at the end.
+Nothing is downloaded: the data ships inside scikit-learn. Every fifth image is held out
+for validation; an epoch is one pass over the shuffled training split in full mini-batches.
+At the start of every epoch (and after the last step) the demo measures loss and accuracy
+on both splits and records them with ``cp.log``, so the dashboard shows its *Performance*
+panel. The run folder gets the log (``log.jsonl``), a consolidated ``output.json`` and the
+dashboard picture ``dashboard.png``; the folder is printed at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +31,45 @@ def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)
     return x, y
+
+
+def split_train_valid(
+    x: torch.Tensor, y: torch.Tensor, every: int = 5
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Every ``every``-th sample for validation, the others for training (deterministic)."""
+    valid = torch.arange(len(x)) % every == 0
+    return (x[~valid], y[~valid]), (x[valid], y[valid])
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Mean cross-entropy loss and accuracy of ``model`` on ``(x, y)`` (no gradients)."""
+    with torch.no_grad():
+        outputs = model(x)
+        loss = F.cross_entropy(outputs, y).item()
+        accuracy = (outputs.argmax(1) == y).float().mean().item()
+    return loss, accuracy
+
+
+def _log_performance(
+    cp: Cockpit,
+    step: int,
+    model: torch.nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor],
+    valid: tuple[torch.Tensor, torch.Tensor],
+    epoch: int | None,
+) -> tuple[float, float]:
+    """Log loss and accuracy on both splits at ``step``; return both accuracies."""
+    train_loss, train_accuracy = evaluate(model, *train)
+    valid_loss, valid_accuracy = evaluate(model, *valid)
+    cp.log(
+        step,
+        epoch_count=epoch,
+        train_loss=train_loss,
+        valid_loss=valid_loss,
+        train_accuracy=train_accuracy,
+        valid_accuracy=valid_accuracy,
+    )
+    return train_accuracy, valid_accuracy
 
 
 def make_model() -> torch.nn.Module:
@@ -68,7 +110,9 @@ def run_demo(
     torch.set_num_threads(min(2, torch.get_num_threads()))
     run = Path(out) if out is not None else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     run.mkdir(parents=True, exist_ok=True)
-    x, y = load_digits_tensors()
+    train, valid = split_train_valid(*load_digits_tensors())
+    x, y = train
+    per_epoch = len(x) // batch_size  # full mini-batches per pass over the training split
     # module hooks compute the first-order statistics; BackPACK (when installed) the
     # curvature diagonals of the business and full presets, which need extended modules
     model = extend(make_model())
@@ -80,8 +124,13 @@ def run_demo(
     cp = Cockpit(model, quantities, log=run / "log.jsonl")
     gen = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
+    order = torch.randperm(len(x), generator=gen)
     for step in range(steps):
-        idx = torch.randint(0, len(x), (batch_size,), generator=gen)
+        epoch, batch = divmod(step, per_epoch)
+        if batch == 0:  # a new epoch: measure where it starts, reshuffle the training split
+            _log_performance(cp, step, model, train, valid, epoch)
+            order = torch.randperm(len(x), generator=gen)
+        idx = order[batch * batch_size : (batch + 1) * batch_size]
         xb, yb = x[idx], y[idx]
         opt.zero_grad()
         outputs = model(xb)
@@ -97,16 +146,21 @@ def run_demo(
             loss.backward(retain_graph=cp.retain_graph(step))
         opt.step()
         _progress(step, steps, loss.item(), started)
+    # after the last step (epoch_count only where an epoch starts)
+    train_accuracy, valid_accuracy = _log_performance(cp, steps, model, train, valid, None)
     cp.close()
     cp.write(run / "output.json")
-    with torch.no_grad():
-        accuracy = (model(x).argmax(1) == y).float().mean().item()
+    epochs = steps / per_epoch
     title = (
-        f"cockpit demo: 64-32-10 MLP on the 8x8 digits, preset '{preset}', {steps} steps of "
-        f"SGD (lr {lr}, momentum 0.9, batch {batch_size}), training accuracy {accuracy:.3f}"
+        f"cockpit demo: 64-32-10 MLP on the 8x8 digits, preset '{preset}', {steps} steps "
+        f"({epochs:.1f} epochs) of SGD (lr {lr}, momentum 0.9, batch {batch_size}), "
+        f"accuracy train {train_accuracy:.3f} / validation {valid_accuracy:.3f}"
     )
     picture = _plot(cp, run / "dashboard.png", title)
-    print(f"Trained {steps} steps, training accuracy {accuracy:.3f}.")
+    print(
+        f"Trained {steps} steps ({epochs:.1f} epochs), accuracy: train {train_accuracy:.3f}, "
+        f"validation {valid_accuracy:.3f}."
+    )
     files = ", ".join(["log.jsonl", "output.json"] + ([picture.name] if picture else []))
     print(f"Run folder: {run.resolve()}  ({files})")
     return run

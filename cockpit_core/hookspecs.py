@@ -86,7 +86,8 @@ def register_sinks(register: Callable[..., None]) -> None:
 
     Call ``register(name, factory, config=None, description="")``. ``factory(**options)``
     returns a callable ``sink(record)`` (optionally with a ``close()`` method) that gets the
-    header, values and error records (the layout of ``docs/log_format.md``). ``config`` is
+    header, values, error, skipped, metrics and quantity_added records (the layout of
+    ``docs/log_format.md``; it should ignore kinds it does not know). ``config`` is
     an optional pydantic model (``extra="forbid"``) that validates the options. Users enable
     a sink by name: ``Cockpit(..., sinks=["tensorboard", {"name": "tensorboard",
     "log_dir": "runs/tb"}])``. A sink that raises is removed and training goes on.
@@ -105,10 +106,13 @@ def register_statistic_providers(register: Callable[[type], None]) -> None:
     Call ``register(ProviderClass)`` once per class. The class must subclass
     :class:`cockpit_core.StatisticProvider` with a unique snake_case ``name``; users select it
     with ``backend="<name>"`` (or a list of names in order of preference), and with
-    ``backend="auto"`` the router prefers providers of lower ``cost``. See
-    ``docs/providers.md``.
+    ``backend="auto"`` the router prefers providers of lower ``cost``. A provider may also
+    serve the user's own *requests*, objects passed as ``cp(step, *requests)`` (e.g. BackPACK
+    extensions): it says which with ``StatisticProvider.accepts(request)`` and finds them in
+    ``Collection.requests``. See ``docs/providers.md``.
 
-    Added in cockpit-core 0.2 (protocol version 1).
+    Added in cockpit-core 0.2 (protocol version 1). Requests are an optional addition within
+    protocol version 1: ``accepts`` defaults to accepting nothing.
     """
 
 

@@ -158,6 +158,26 @@ class Planner:
         """Plan the next step afresh (pending quantities or routes changed)."""
         self._planned = None
 
+    def add(self, quantity: Quantity) -> None:
+        """Plan ``quantity`` too, from the next step on (``Cockpit.add``, between steps).
+
+        Its statistics join those armed when the schedule cannot be followed, and the
+        providers are armed anew for the predicted next step, so that the forward pass of
+        its first step is observed.
+        """
+        if all(q is not quantity for q in self.quantities):
+            self.quantities = [*self.quantities, quantity]
+        stats = {s.identity: s for s in self._everything}
+        for requirements in quantity.all_requirements():
+            for stat in requirements.statistics:
+                stats.setdefault(stat.identity, stat)
+        self._everything = tuple(stats.values())
+        self._planned = None
+        if self._last is None or not self._follow_schedule:
+            self.router.arm(self._everything)
+        else:
+            self.prepare(self._last + self._stride)
+
     def unobserved(
         self, step: int, merged: MergedRequirements, accumulate: bool, expected: bool = False
     ) -> str | None:

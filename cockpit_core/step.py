@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import torch
 
 from cockpit_core import checks, mixed_precision
 from cockpit_core.context import HessianVectorProducts, StepContext, StepData
-from cockpit_core.errors import MisuseError
+from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.normalize import to_serializable
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import Requirements
@@ -64,10 +65,22 @@ class StepRun:
     unscaled gradients (:mod:`cockpit_core.mixed_precision`). A step in which no tracked
     parameter received a gradient, or whose gradients are not finite, is skipped with
     the reason (``cp.skipped``).
+
+    ``requests`` (``cp(step, *requests)``, e.g. BackPACK extensions) go to the providers
+    that accept them, which run in the same ``backward`` even when no quantity is tracked.
     """
 
-    def __init__(self, cockpit: Cockpit, step: int, info: dict[str, Any], accumulate: bool = False):
+    def __init__(
+        self,
+        cockpit: Cockpit,
+        step: int,
+        info: dict[str, Any],
+        accumulate: bool = False,
+        requests: tuple[Any, ...] = (),
+    ):
         self.cp, self.step, self.info = cockpit, step, info
+        self.requests = tuple(requests)
+        self.routed: dict[str, tuple[Any, ...]] = {}
         self.accumulate = accumulate  # several micro-batches: see cockpit_core.accumulation
         self._backend_ctx: contextlib.AbstractContextManager | None = None
         self.stats: dict = {}
@@ -95,6 +108,8 @@ class StepRun:
                 "cp(step, accumulate=True) needs info={'batch_size': B} with B the number of "
                 "samples of all micro-batches together (on this process)."
             )
+        # before anything arms providers: whether one was armed tells if it saw the forward
+        self.routed, late = cp._backend.request(self.requests, where=f"cp({step}, ...)")
         self.scaler = self.info.get("grad_scaler")
         if self.scaler is not None:
             mixed_precision.check_scaler(self.scaler)
@@ -111,9 +126,11 @@ class StepRun:
         self.unobserved = cp._planner.unobserved(
             step, self.merged, self.accumulate, expected=bool(unfrozen)
         )
+        if late and not self.accumulate:  # micro-batches' forward passes come inside the block
+            self.unobserved = self.unobserved or self._warn_late_requests(late)
         self._warn_batch_norm()
         self.marks = gradient_marks(cp.params)
-        if self.merged.statistics and not self.accumulate:
+        if (self.merged.statistics or self.routed) and not self.accumulate:
             batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
             self._backend_ctx = cp._backend.collect(
                 self.merged,
@@ -121,6 +138,7 @@ class StepRun:
                 info=self.info,
                 eager=cp._dist is None,
                 loss_scale=self.loss_scale,
+                requests=self.requests,
             )
             self.stats, self.missing = self._backend_ctx.__enter__()
         self.sync = None
@@ -129,11 +147,31 @@ class StepRun:
         if not self.accumulate:  # the gradient backward sends into the loss: its scale
             self.loss_gradients.append(mixed_precision.LossGradient(self.info.get("loss")))
         cp._in_step = True
+        cp._active_step = step  # what cp.log and cp.add say, and check, inside the block
         if cp.debug:
             names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
             stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
-            print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}")
+            extra = "".join(
+                f"; requests to {n}: {', '.join(type(r).__name__ for r in rs)}"
+                for n, rs in self.routed.items()
+            )
+            print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}{extra}")
         return self
+
+    def _warn_late_requests(self, late: list[str]) -> str:
+        """Warn that providers receiving their first requests missed the forward pass."""
+        step = self.step
+        names = ", ".join(f"'{n}'" for n in late)
+        shown = ", ".join(type(r).__name__ for n in late for r in self.routed[n])
+        message = (
+            f"the forward pass of step {step} ran while the statistics provider(s) {names} "
+            f"did not observe it, so the requests passed to cp({step}, ...) that they serve "
+            f"({shown}) are not computed at this step, nor are their statistics. They observe "
+            "every forward pass from now on; to have the requests from the first step that "
+            "passes them, call cp.prepare(step, *requests) with them before its forward pass"
+        )
+        warnings.warn(f"cockpit: {message}.", CockpitWarning, stacklevel=3)
+        return message
 
     def _watch_parameters(self) -> list[int]:
         """Warn (once each) about parameters frozen, unfrozen, reshaped or removed; return the unfrozen."""

@@ -18,6 +18,7 @@ from cockpit_core.dashboard import data, style
 from cockpit_core.dashboard.data import (
     ema,
     last,
+    metric_series,
     param_names,
     per_param_series,
     scalar,
@@ -36,6 +37,7 @@ __all__ = [
     "data",
     "ema",
     "last",
+    "metric_series",
     "param_names",
     "per_param_series",
     "plan",

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from cockpit_core.dashboard.instrument import Output
+from cockpit_core.metrics import METRICS_KEY
 
 
 def scalar(value: Any, field: str | None = "total") -> float:
@@ -38,6 +39,22 @@ def series(output: Output, name: str, field: str | None = "total") -> tuple[np.n
         if name in output[step] and output[step][name] is not None:
             steps.append(step)
             values.append(scalar(output[step][name], field))
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+def metric_series(output: Output, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, values)`` of a metric logged with ``cp.log(step, name=value)``.
+
+    Metrics live under the output key ``"metrics"`` (``{step: {"metrics": {name:
+    value}}}``); an instrument that draws them lists ``"metrics"`` in its quantities.
+    Steps without the metric are left out; NaN and inf are kept.
+    """
+    steps, values = [], []
+    for step in sorted(output):
+        metrics = output[step].get(METRICS_KEY)
+        if isinstance(metrics, Mapping) and metrics.get(name) is not None:
+            steps.append(step)
+            values.append(scalar(metrics[name], None))
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from cockpit_core.log import LogData
+from cockpit_core.metrics import METRICS_KEY
 
 
 class LivePlot:
     """A sink (``sink(record)``) that refreshes a dashboard picture while training runs.
 
-    It keeps its own copy of the records and renders to ``path`` whenever the newest step
-    is ``every`` steps past the last picture, and once more on :meth:`close`. The file is
+    It keeps its own copy of the records (metrics of ``cp.log`` and quantities added with
+    ``cp.add`` included) and renders to ``path`` whenever the newest step of the
+    quantities' values is ``every`` steps past the last picture, and once more on
+    :meth:`close`. The file is
     replaced atomically, so an image viewer that reloads changed files shows the current
     dashboard. Rendering takes a second or so: choose ``every`` accordingly.
 
@@ -39,6 +42,7 @@ class LivePlot:
         self.renders = 0
         self._last: int | None = None
         self._newest: int | None = None
+        self._unshown_metrics = False  # metrics arrived since the last picture
 
     def __call__(self, record: dict[str, Any]) -> None:
         """Take one record; re-render when enough new steps arrived."""
@@ -49,6 +53,14 @@ class LivePlot:
             self.data.errors.append(dict(record))
         elif kind == "skipped":
             self.data.skipped.append(dict(record))
+        elif kind == "metrics":
+            row = self.data.output.setdefault(int(record["step"]), {})
+            row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **record["metrics"]}
+            self._unshown_metrics = True
+        elif kind == "quantity_added":
+            quantities = list(self.data.header.get("quantities") or [])
+            quantities.append({**record["quantity"], "added_at": record["step"]})
+            self.data.header = {**self.data.header, "quantities": quantities}
         elif kind == "values":
             step = int(record["step"])
             self.data.output.setdefault(step, {}).update(record["values"])
@@ -65,12 +77,13 @@ class LivePlot:
             warnings.simplefilter("ignore")  # a failing panel is already shown in the picture
             render(self.data, self.path, **self.render_options)
         self._last = self._newest
+        self._unshown_metrics = False
         self.renders += 1
         return self.path
 
     def close(self) -> None:
         """Render the final picture (if anything arrived since the last one)."""
-        if self._newest is not None and self._newest != self._last:
+        if (self._newest is not None and self._newest != self._last) or self._unshown_metrics:
             self.refresh()
 
     def __repr__(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from cockpit_core.dashboard.instrument import TOPICS, Instrument
 from cockpit_core.log import LogData, read_run
+from cockpit_core.metrics import METRICS_KEY
 
 
 @dataclass
@@ -140,15 +141,23 @@ def panel_output(data: LogData, panel: Panel) -> dict[int, dict[str, Any]]:
 
 def _note(plan_: Plan, data: LogData) -> list[str]:
     lines = []
-    if plan_.skipped:
+    unlogged = [inst for inst, missing in plan_.skipped if missing == [METRICS_KEY]]
+    skipped = [(inst, missing) for inst, missing in plan_.skipped if inst not in unlogged]
+    if skipped:
         parts = [
             f"{inst.title} ({', '.join(missing)})" if missing else inst.title
-            for inst, missing in plan_.skipped
+            for inst, missing in skipped
         ]
         lines.append(
             "Not tracked, so not shown: "
             + "; ".join(parts)
             + ". Add these quantities to the Cockpit to see them."
+        )
+    if unlogged:
+        lines.append(
+            "No metrics logged, so not shown: "
+            + "; ".join(inst.title for inst in unlogged)
+            + ". Log them with cp.log(step, train_loss=..., valid_accuracy=...)."
         )
     if plan_.unavailable:
         lines.append(

@@ -24,6 +24,7 @@ import cockpit_core.log.format as log_format
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.decode import LogFormatError, _Budget, _decode
 from cockpit_core.log.format import _RECORD_START
+from cockpit_core.metrics import METRICS_KEY, metrics_of
 
 
 @dataclass
@@ -33,12 +34,19 @@ class LogData:
     Attributes:
         header: The last header record (without ``kind``), ``{}`` if the file has none.
         output: ``{step: {quantity_key: value}}``, steps sorted. A step that several runs
-            recorded holds the values of the latest of them.
+            recorded holds the values of the latest of them. Metrics logged with
+            ``cp.log`` are under the key ``"metrics"`` (``{name: value}``), as in
+            ``cp.get_output()``; of a step whose metrics several runs logged, the latest
+            run's metrics are kept.
         errors: The ``error`` records (quantities that failed at a step, values written as
             placeholders), except those of steps that a later run recorded again.
         skipped: The ``skipped`` records (steps whose quantities were not computed, e.g.
             because the loss was not finite), likewise.
-        headers: Every run's header, in file order (``header`` is the last).
+        headers: Every run's header, in file order (``header`` is the last). A quantity
+            added with ``cp.add`` is listed in its run's header with ``added_at``.
+        added: ``{"step": s, "quantity": {"name", "key", options...}}`` for each quantity
+            added with ``cp.add`` during a run (every run, in file order); ``step`` is the
+            first step it applies to.
 
     """
 
@@ -47,6 +55,12 @@ class LogData:
     errors: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, Any]] = field(default_factory=list)
+    added: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> dict[int, dict[str, Any]]:
+        """``{step: {name: value}}`` of the steps with metrics logged by ``cp.log``."""
+        return metrics_of(self.output)
 
 
 def _limits(max_line_bytes: int | None, max_array_elements: int | None) -> tuple[int, int]:
@@ -97,7 +111,9 @@ def _iter_records(
         if not isinstance(record, dict):
             raise LogFormatError(f"{path}, line {number} is not a JSON object.")
         kind = record.get("kind")
-        if kind == "values" or (kind in ("error", "skipped") and "step" in record):
+        if kind in ("values", "metrics", "quantity_added") or (
+            kind in ("error", "skipped") and "step" in record
+        ):
             step = record.get("step")
             if type(step) is not int:
                 raise LogFormatError(
@@ -105,6 +121,13 @@ def _iter_records(
                 )
         if kind == "values" and not isinstance(record.get("values"), dict):
             raise LogFormatError(f"{path}, line {number}: 'values' must be a JSON object.")
+        if kind == "metrics" and not isinstance(record.get("metrics"), dict):
+            raise LogFormatError(f"{path}, line {number}: 'metrics' must be a JSON object.")
+        if kind == "quantity_added" and not _is_quantity_entry(record.get("quantity")):
+            raise LogFormatError(
+                f"{path}, line {number}: 'quantity' must be a JSON object with string "
+                "'name' and 'key'."
+            )
         yield record
 
 
@@ -136,8 +159,23 @@ def read_records(
         return list(_iter_records(f, path, line_limit, elements, _Budget(max_decoded_bytes)))
 
 
+def _is_quantity_entry(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("name"), str)
+        and isinstance(entry.get("key"), str)
+    )
+
+
 def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"header": header, "steps": set(), "values": {}, "events": []}
+    return {
+        "header": header,
+        "steps": set(),
+        "values": {},
+        "events": [],
+        "metrics": {},
+        "added": [],
+    }
 
 
 def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
@@ -159,6 +197,10 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
             if "step" in record:
                 run["steps"].add(record["step"])
             run["events"].append(record)
+        elif kind == "metrics":  # metrics claim their step apart from the quantities' values
+            run["metrics"].setdefault(record["step"], {}).update(record["metrics"])
+        elif kind == "quantity_added":
+            run["added"].append({"step": record["step"], "quantity": dict(record["quantity"])})
     data = LogData()
     claimed: set[int] = set()
     kept: list[list[dict[str, Any]]] = []
@@ -171,6 +213,20 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
     for events in reversed(kept):
         for event in events:
             (data.errors if event["kind"] == "error" else data.skipped).append(event)
+    logged: set[int] = set()
+    for run in reversed(runs):
+        for step, metrics in run["metrics"].items():
+            if step not in logged:
+                data.output[step] = {**data.output.get(step, {}), METRICS_KEY: metrics}
+        logged |= set(run["metrics"])
+    for run in runs:
+        data.added.extend(run["added"])
+        if run["added"]:
+            header = dict(run["header"] or {})
+            quantities = header.get("quantities")
+            header["quantities"] = list(quantities) if isinstance(quantities, list) else []
+            header["quantities"] += [{**a["quantity"], "added_at": a["step"]} for a in run["added"]]
+            run["header"] = header
     data.headers = [run["header"] for run in runs if run["header"] is not None]
     data.header = data.headers[-1] if data.headers else {}
     data.output = dict(sorted(data.output.items()))
@@ -208,12 +264,19 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
         raise LogFormatError(
             f"{path}: 'header' must be an object, 'errors' and 'skipped' lists of objects."
         )
+    listed = header.get("quantities")
+    added = [
+        {"step": q["added_at"], "quantity": {k: v for k, v in q.items() if k != "added_at"}}
+        for q in (listed if isinstance(listed, list) else [])
+        if isinstance(q, dict) and type(q.get("added_at")) is int
+    ]
     return LogData(
         header=dict(header),
         output=dict(sorted(steps.items())),
         errors=list(lists["errors"]),
         skipped=list(lists["skipped"]),
         headers=[dict(header)] if header else [],
+        added=added,
     )
 
 

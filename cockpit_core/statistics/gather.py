@@ -2,7 +2,8 @@
 
 :meth:`StatisticsRouter.collect <cockpit_core.statistics.router.StatisticsRouter.collect>`
 builds a :class:`StepCollection`: one :class:`~cockpit_core.statistics.provider.Collection`
-per provider that serves something at the step, entered around ``backward()`` (providers
+per provider that serves something at the step (statistics, or requests passed to
+``cp(step, *requests)``), entered around ``backward()`` (providers
 that recompute the pass exit last, with the others' hooks suspended). Afterwards the
 results are merged, parameters a provider left empty go to a provider that recomputes the
 pass where one can serve them (with a warning, once), every statistic some parameter did
@@ -40,16 +41,25 @@ class StepCollection:
         info: Mapping[str, Any],
         samples: int | None,
         loss_scale: float,
+        requests: Mapping[str, tuple[Any, ...]] | None = None,
+        owners: Mapping[Identity, tuple[str, ...]] | None = None,
     ):
         self.router = router
         self.stats = tuple(stats)
+        self.requests = dict(requests or {})  # provider name -> the requests it accepted
+        self.owners = dict(owners or {})
         self.batch_size, self.info = batch_size, info
         self.samples, self.loss_scale = samples, loss_scale
         self.served, self.unrouted = router.plan(self.stats)
         self.results: Results = {s.identity: [None] * len(router.params) for s in self.stats}
         self.collections: dict[str, Collection] = {}
 
-    def collection(self, targets: dict[Identity, frozenset[int]], eager: bool) -> Collection:
+    def collection(
+        self,
+        targets: dict[Identity, frozenset[int]],
+        eager: bool,
+        requests: tuple[Any, ...] = (),
+    ) -> Collection:
         """A :class:`Collection` of this step for the given parameters of each statistic."""
         return Collection(
             statistics=tuple(s for s in self.stats if s.identity in targets),
@@ -60,6 +70,8 @@ class StepCollection:
             eager=eager,
             samples=self.samples,
             loss_scale=self.loss_scale,
+            requests=requests,
+            owners=self.owners,
         )
 
     @contextlib.contextmanager
@@ -68,8 +80,10 @@ class StepCollection:
         router = self.router
         router.require_model(self.stats, self.unrouted)
         missing: dict[Identity, str] = {}
+        names = [*self.served, *(n for n in self.requests if n not in self.served)]
         self.collections = {
-            name: self.collection(targets, eager) for name, targets in self.served.items()
+            name: self.collection(self.served.get(name, {}), eager, self.requests.get(name, ()))
+            for name in names
         }
         checking = self._check_target() if eager else None
         if checking is not None:

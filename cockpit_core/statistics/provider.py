@@ -20,6 +20,12 @@ Life of a provider inside a Cockpit:
 4. :meth:`~StatisticProvider.collect` is a context manager around the user's
    ``backward()``: the provider fills the collection during ``backward`` or on exit;
 5. :meth:`~StatisticProvider.close` when the Cockpit closes.
+
+*Requests* are objects the user passes to the step, ``cp(step, *requests, info=...)``
+(e.g. BackPACK extensions whose results the user reads after the step): each goes to the
+first installed provider whose :meth:`~StatisticProvider.accepts` returns ``True``, and
+reaches it in :attr:`Collection.requests`. A provider that observes the forward pass stays
+armed for every parameter once it received requests.
 """
 
 from __future__ import annotations
@@ -100,6 +106,10 @@ class Collection:
             accumulation): projections can then be formed during ``backward``.
         results: ``results[identity][index]``, filled by the provider.
         missing: A message per statistic that some served parameters did not receive.
+        requests: The objects passed to ``cp(step, *requests)`` that this provider
+            :meth:`~StatisticProvider.accepts`, in the user's order (a provider with
+            requests but no statistics at a step still gets a collection).
+        owners: For each statistic identity, the quantities that need it (for messages).
 
     """
 
@@ -115,6 +125,8 @@ class Collection:
     eager: bool = False
     results: dict[Identity, list[Any]] = field(default_factory=dict)
     missing: dict[Identity, str] = field(default_factory=dict)
+    requests: tuple[Any, ...] = ()
+    owners: Mapping[Identity, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def per_sample_scale(self) -> float:
@@ -230,6 +242,17 @@ class StatisticProvider:
         forward pass has run yet).
         """
         return None
+
+    def accepts(self, request: Any) -> bool:
+        """Whether the provider serves ``request``, an object passed to ``cp(step, *requests)``.
+
+        Requests are the user's own asks beyond the quantities' statistics (e.g. BackPACK
+        extensions, whose results stay on the parameters after the step). The router hands
+        each request to the first installed provider that accepts it, in
+        :attr:`Collection.requests`; an object no provider accepts is a ``MisuseError``.
+        Answer from the object alone, never raise. Default: no request is accepted.
+        """
+        return False
 
     def arm(self, indices: frozenset[int]) -> None:
         """Prepare to observe the next forward pass for the parameters ``indices``.

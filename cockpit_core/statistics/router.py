@@ -8,13 +8,17 @@ changes (``cp.attach``). At a step, every provider receives one
 ``backward()`` the results are merged, parameters a provider left empty are handed to a
 provider that recomputes the pass (``torch.func``) where one can serve them, and every
 statistic some parameter did not receive is reported with the reasons.
+
+Requests (objects the user passes to ``cp(step, *requests)``, e.g. BackPACK extensions) go
+to the first installed provider that :meth:`~StatisticProvider.accepts` them; a provider
+that observes the forward pass is armed for every parameter from its first request on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +122,7 @@ class StatisticsRouter:
         self.slots = [ParamSlot(i, n, p) for i, (n, p) in enumerate(zip(self.names, self.params))]
         self._routes: dict[str, list[Route]] = {}
         self.warned: set[str] = set()  # providers whose fallback use was warned about
+        self.requested: set[str] = set()  # got requests: armed for every parameter from then on
         self.checked: tuple[int, float, float] | None = None
 
     # -- the model ----------------------------------------------------------------------
@@ -200,11 +205,15 @@ class StatisticsRouter:
     def observers(self, statistics: Sequence[Statistic]) -> dict[str, frozenset[int]]:
         """Observing providers, each with the parameters it serves for ``statistics``.
 
-        An empty set means: disarm (nothing to observe at such a step).
+        An empty set means: disarm (nothing to observe at such a step). A provider that
+        received requests (:meth:`request`) observes every parameter, at every step.
         """
         served = self.plan(statistics)[0]
+        everything = frozenset(range(len(self.params)))
         return {
-            name: frozenset().union(*served.get(name, {}).values())
+            name: everything
+            if name in self.requested
+            else frozenset().union(*served.get(name, {}).values())
             for name, provider in self.providers.items()
             if provider.observes_forward
         }
@@ -226,6 +235,81 @@ class StatisticsRouter:
             if indices and not self.providers[name].armed(indices)
         ]
 
+    # -- requests -----------------------------------------------------------------------
+
+    def route_requests(
+        self, requests: Iterable[Any], where: str = "cp(step, ...)"
+    ) -> dict[str, tuple[Any, ...]]:
+        """Each request to the first installed provider that accepts it, in the user's order.
+
+        Every installed provider is asked, those of ``backend`` first: ``backend`` chooses
+        who computes the quantities' statistics, while a request names what it is.
+
+        Args:
+            requests: The objects passed after the step number.
+            where: The call, for the message (``"cp(3, ...)"``).
+
+        Raises:
+            MisuseError: No installed provider accepts some request.
+
+        """
+        routed: dict[str, list[Any]] = {}
+        for request in requests:
+            name = next((n for n, p in self.providers.items() if _accepts(p, request)), None)
+            if name is None:
+                raise MisuseError(self.unaccepted_message(request, where))
+            routed.setdefault(name, []).append(request)
+        return {n: tuple(r) for n, r in routed.items()}
+
+    def unaccepted_message(self, request: Any, where: str = "cp(step, ...)") -> str:
+        """Why ``request`` is refused: no installed provider accepts it, and what to do."""
+        installed = ", ".join(f"'{n}'" for n in self.providers) or "none"
+        kind = "a class" if isinstance(request, type) else f"type {type(request).__name__}"
+        hint = ""
+        if isinstance(request, Mapping):
+            hint = (
+                " A dict after the step: pass the step's info as a keyword, cp(step, info={...})."
+            )
+        elif isinstance(request, type):
+            hint = f" It is a class: pass an instance, e.g. {request.__name__}()."
+        return (
+            f"{where}: no installed statistics provider accepts the argument {_short(request)} "
+            f"({kind}; installed providers: {installed}).{hint} Arguments "
+            "after the step number are requests for a provider, e.g. BackPACK extensions such "
+            "as DiagGGNExact(), which need the BackPACK provider: pip install cockpit-backpack "
+            "(`cockpit plugins` lists what is installed)."
+        )
+
+    def request(
+        self, requests: Iterable[Any], where: str = "cp(step, ...)"
+    ) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
+        """Route ``requests`` and keep their providers armed for every parameter from now on.
+
+        Call it before anything else arms providers at a step: whether a provider was
+        armed tells whether it observed the forward pass that already ran.
+
+        Returns:
+            ``(routed, late)``: the requests per provider, and the providers that observe
+            the forward pass, receive requests for the first time, and were not armed for
+            the last forward pass (their requests cannot be served at this step).
+
+        Raises:
+            MisuseError: No installed provider accepts some request.
+
+        """
+        routed = self.route_requests(requests, where)
+        everything = frozenset(range(len(self.params)))
+        late = []
+        for name in routed:
+            provider = self.providers[name]
+            if name in self.requested or not provider.observes_forward:
+                continue
+            if not provider.armed(everything):
+                late.append(name)
+            _contained(name, "arm", provider.arm, everything)
+        self.requested.update(routed)
+        return routed, late
+
     # -- a step -------------------------------------------------------------------------
 
     def collect(
@@ -236,6 +320,7 @@ class StatisticsRouter:
         eager: bool = False,
         samples: int | None = None,
         loss_scale: float = 1.0,
+        requests: Sequence[Any] = (),
     ) -> contextlib.AbstractContextManager[tuple[Results, dict[Identity, str]]]:
         """Run the user's ``backward()`` inside; statistics are complete after the block.
 
@@ -246,6 +331,8 @@ class StatisticsRouter:
             eager: Whether projections may be formed during ``backward``.
             samples: Samples in this backward pass, if fewer (a micro-batch).
             loss_scale: The factor the backpropagated loss was multiplied by (GradScaler).
+            requests: Objects for the providers that accept them (``cp(step, *requests)``):
+                each such provider enters the step, with or without statistics.
 
         After the block, :attr:`checked` holds ``(index, ratio, residual)`` of one
         parameter's ``p.grad`` against the mean of its per-sample gradients, ``p.grad ~
@@ -257,11 +344,21 @@ class StatisticsRouter:
             some parameters (with a gradient) did not receive.
 
         Raises:
-            MisuseError: A statistic needs the model, and none was attached.
+            MisuseError: A statistic needs the model, and none was attached, or no
+                provider accepts a request.
 
         """
         self.checked = None
-        step = StepCollection(self, merged.statistics, batch_size, info or {}, samples, loss_scale)
+        step = StepCollection(
+            self,
+            merged.statistics,
+            batch_size,
+            info or {},
+            samples,
+            loss_scale,
+            requests=self.route_requests(requests),
+            owners=merged.owners,
+        )
         return step.run(eager)
 
     def require_model(self, stats: Sequence[Statistic], unrouted: dict[Identity, list[int]]):
@@ -323,6 +420,23 @@ class StatisticsRouter:
             if provider.observes_forward:
                 _contained(name, "disarm", provider.arm, frozenset())
             _contained(name, "close", provider.close)
+
+
+def _accepts(provider: StatisticProvider, request: Any) -> bool:
+    """``provider.accepts(request)``; a provider whose ``accepts`` raises does not accept it."""
+    try:
+        return bool(provider.accepts(request))
+    except Exception:  # plugin code: another provider may accept it, else the user is told
+        return False
+
+
+def _short(obj: Any, limit: int = 80) -> str:
+    """``repr(obj)``, cut to ``limit`` characters."""
+    try:
+        text = repr(obj)
+    except Exception:  # a broken __repr__ must not hide the actual problem
+        text = f"<{type(obj).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _contained(name: str, action: str, call: Any, *args: Any) -> None:

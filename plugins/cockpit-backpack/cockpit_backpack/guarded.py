@@ -66,7 +66,9 @@ def guarded(
 
     """
     if cls not in _GUARDED:
-        _GUARDED[cls] = type(f"Guarded{cls.__name__}", (GuardedExtension, cls), {})
+        _GUARDED[cls] = type(
+            f"Guarded{cls.__name__}", (GuardedExtension, cls), {"cockpit_base": cls}
+        )
     extension = _GUARDED[cls](**kwargs)
     extension.cockpit_statistic = identity
     if params:

@@ -87,9 +87,14 @@ def installed() -> bool:
     return _installed
 
 
-def switchable() -> bool:
-    """Whether any live module was extended by :func:`extend` (its hooks can be off)."""
-    return len(_handles) > 0
+def switchable(model: torch.nn.Module | None = None) -> bool:
+    """Whether any live module (of ``model``, if given) was extended by :func:`extend`.
+
+    Only such modules' hooks can be off; those of ``backpack.extend`` are always on.
+    """
+    if model is None:
+        return len(_handles) > 0
+    return any(module in _handles for module in model.modules())
 
 
 def _apply() -> None:

@@ -14,23 +14,36 @@ undoes the scaling (``g_n`` is the gradient of sample ``n``'s own loss).
 Linear and Conv2d weights are kept in factored form
 (:class:`~cockpit_core.statistics.per_sample.OuterProductGrads`,
 :class:`~cockpit_core.statistics.per_sample.ConvGrads`).
+
+The user's own extensions, ``cp(step, DiagGGNExact(), KFAC(), info=...)`` as in Cockpit
+1.0.2, run in the same ``with backpack(...)`` and their results stay on the parameters
+(``p.diag_ggn_exact``, ``p.kfac``); cockpit deletes only its own save fields. An extension
+equal to one of cockpit's (same class and hyperparameters) runs once, the user's instance,
+and cockpit reads its statistics from it (a dense ``p.grad_batch`` of ``BatchGrad()``
+instead of the factored one); one that differs only in its hyperparameters is a
+``RequirementConflictError`` (:mod:`cockpit_backpack.requests`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from backpack import backpack
+from backpack.context import CTX
 from backpack.extensions import BatchGrad, DiagGGNExact, DiagGGNMC, DiagHessian
+from backpack.extensions.backprop_extension import BackpropExtension
 from backpack.extensions.firstorder.base import FirstOrderModuleExtension
 from torch import Tensor
 
 from cockpit_backpack import hook_switch as hooks
 from cockpit_backpack.conv2d import DiagGGNConv2dFast, DiagHConv2dFast, UnfoldConv2d
 from cockpit_backpack.guarded import guarded
+from cockpit_backpack.requests import describe, merge
+from cockpit_core.errors import CockpitWarning
 from cockpit_core.requirements import Statistic
 from cockpit_core.statistics.conv import ConvWeightFactors
 from cockpit_core.statistics.per_sample import ConvGrads, DenseGrads, OuterProductGrads
@@ -62,6 +75,7 @@ class BackpackProvider(StatisticProvider):
         self._batch_grad.set_module_extension(torch.nn.Linear, _FactoredLinear(), overwrite=True)
         self._batch_grad.set_module_extension(torch.nn.Conv2d, UnfoldConv2d(), overwrite=True)
         self._unsupported: dict[str, list[tuple[str, str]]] = {}
+        self._warned_fields: set[str] = set()  # the user's save fields warned about missing
 
     # -- routing ------------------------------------------------------------------------
 
@@ -130,14 +144,19 @@ class BackpackProvider(StatisticProvider):
                 out.append((name or type(module).__name__, type(module).__name__))
         return out
 
+    def accepts(self, request: Any) -> bool:
+        """BackPACK extensions (instances), e.g. ``DiagGGNExact()``, ``KFAC()``, ``BatchGrad()``."""
+        return isinstance(request, BackpropExtension)
+
     # -- the forward pass ---------------------------------------------------------------
 
     def arm(self, indices: frozenset[int]) -> None:
         """Install BackPACK's hooks (of modules extended by ``extend``) only when needed."""
         hooks.want(self, bool(indices))
 
-    def armed(self, indices: frozenset[int]) -> bool:  # noqa: D102
-        return hooks.installed() or not hooks.switchable()
+    def armed(self, indices: frozenset[int]) -> bool:
+        """Whether the hooks are on, or the model has none that can be off (``backpack.extend``)."""
+        return hooks.installed() or not hooks.switchable(self.model)
 
     def suspended(self) -> contextlib.AbstractContextManager:
         """Hide BackPACK's module hooks while another provider runs its own pass."""
@@ -177,14 +196,62 @@ class BackpackProvider(StatisticProvider):
             exts.append(ext)
         return exts
 
+    def _needs(self, collection: Collection, exts: Sequence[Any]) -> dict[int, str]:
+        """For ``id()`` of each of cockpit's extensions, what needs it (for conflict messages)."""
+
+        def of(stats: Sequence[Statistic]) -> str:
+            owners = list(
+                dict.fromkeys(q for s in stats for q in collection.owners.get(s.identity, ()))
+            )
+            names = ", ".join(s.describe() for s in stats)
+            which = "quantity" if len(owners) == 1 else "quantities"
+            by = f" of {which} {', '.join(repr(q) for q in owners)}" if owners else ""
+            return (
+                f"the statistic {names}{by}" if len(stats) == 1 else f"the statistics {names}{by}"
+            )
+
+        needs = {}
+        for ext in exts:
+            if ext is self._batch_grad:
+                needs[id(ext)] = "the per-sample " + of(
+                    [s for s in collection.statistics if s.per_sample]
+                ).removeprefix("the ")
+                continue
+            ident = getattr(ext, "cockpit_statistic", None)
+            stats = [s for s in collection.statistics if s.identity == ident]
+            if not stats:  # the exact GGN diagonal that unscales the Hessian's under a GradScaler
+                stats = [s for s in collection.statistics if s.kind == "diag_hessian"]
+            needs[id(ext)] = of(stats) if stats else "a quantity"
+        return needs
+
     @contextlib.contextmanager
     def collect(self, collection: Collection) -> Iterator[None]:
-        """Run the user's backward pass inside ``with backpack(...)`` and reduce per module."""
+        """Run the user's backward pass inside ``with backpack(...)`` and reduce per module.
+
+        The user's extensions (:attr:`Collection.requests`) run in the same pass, merged by
+        value with cockpit's (:func:`cockpit_backpack.requests.merge`); their save fields
+        are left on the parameters.
+
+        Raises:
+            RequirementConflictError: A user's extension conflicts with another (before
+                ``backward``).
+
+        """
         stats = collection.statistics
+        if CTX.get_active_exts():  # BackPACK runs one set of extensions per backward pass
+            for stat in stats:
+                collection.fail(stat, NESTED)
+            yield
+            return
         modules: dict[int, str] = {}
+        seen: list[bool] = [False]  # the hook ran: BackPACK observed the forward pass
         scale = collection.per_sample_scale  # B (over a GradScaler's scale)
+        own = self._extensions(stats, collection.loss_scale)
+        exts, kept = merge(own, collection.requests, self._needs(collection, own))
+        drop = tuple(f for f in _SAVE_FIELDS if f not in kept)
 
         def hook(module: torch.nn.Module) -> None:
+            seen[0] = True
             for p in module.parameters(recurse=False):
                 i = self._index.get(id(p))
                 if i is None or not collection.wanted(i):
@@ -201,14 +268,46 @@ class BackpackProvider(StatisticProvider):
                         if value is not None:
                             collection.store(stat, i, value.detach())
             for p in module.parameters(recurse=False):
-                for save_field in _SAVE_FIELDS:
+                for save_field in drop:  # cockpit's own; the user's stay
                     if hasattr(p, save_field):
                         delattr(p, save_field)
 
-        exts = self._extensions(stats, collection.loss_scale)
         with backpack(*exts, extension_hook=hook):
             yield
         self._report_missing(collection, modules, exts)
+        if collection.requests and (seen[0] or not hooks.switchable(self.model)):
+            self._warn_missing_requests(collection.requests)
+
+    def _warn_missing_requests(self, requests: Sequence[Any]) -> None:
+        """Warn (once per save field) about tracked parameters the user's extensions missed.
+
+        BackPACK silently computes nothing for modules that are not extended. Not called
+        when no hook ran while the hooks can be off: the core has warned that the forward
+        pass was not observed.
+        """
+        for ext in {e.savefield: e for e in requests}.values():
+            if ext.savefield in self._warned_fields:
+                continue
+            lacking = [
+                n
+                for n, p in zip(self.names, self.params)
+                if p.grad is not None and not hasattr(p, ext.savefield)
+            ]
+            if not lacking:
+                continue
+            self._warned_fields.add(ext.savefield)
+            where = ", ".join(repr(n) for n in lacking[:5]) + (
+                f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+            )
+            warnings.warn(
+                f"cockpit: BackPACK left p.{ext.savefield} unset for parameter(s) {where} "
+                f"although {describe(ext)} was passed to cp(step, ...): BackPACK computes "
+                "nothing for modules that are not extended. Extend the model and the loss "
+                "function (cockpit_core.extend or backpack.extend) before the forward pass. "
+                "Warned once.",
+                CockpitWarning,
+                stacklevel=2,
+            )
 
     def _report_missing(self, collection: Collection, modules: dict[int, str], exts) -> None:
         failures = {
@@ -266,6 +365,16 @@ def _unscaled_hessian_diagonal(p: Tensor, diag_h: Tensor, loss_scale: float) -> 
         return diag_h
     ggn = getattr(p, "diag_ggn_exact", None)
     return None if ggn is None else ggn + (diag_h - ggn) / loss_scale
+
+
+NESTED = (
+    "another BackPACK context is active around this backward pass (the step block of a "
+    "second Cockpit, or your own `with backpack(...)`), and BackPACK runs one set of "
+    "extensions per backward pass: track these parameters with the other Cockpit, pass "
+    "your extensions as cp(step, *extensions), or give this Cockpit the model "
+    "(Cockpit(model, ...)) so that module hooks serve it."
+)
+"""Why the statistics of a Cockpit nested in another BackPACK context are missing."""
 
 
 def _is_trivial(module: torch.nn.Module) -> bool:

@@ -1,4 +1,4 @@
-"""Dashboard panels of cockpit-basic: loss, effective learning rate, norms, distances, time.
+"""Dashboard panels of cockpit-basic: loss, performance, effective learning rate, norms, time.
 
 Each ``draw(ax, output, header)`` gets ``{step: {quantity_name: value}}`` restricted to the
 panel's quantities (see :class:`cockpit_core.dashboard.Instrument`).
@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, ema, param_names, per_param_series, series
+from cockpit_core.dashboard import (
+    Instrument,
+    ema,
+    metric_series,
+    param_names,
+    per_param_series,
+    series,
+)
 from cockpit_core.dashboard.style import (
     MUTED,
     PRIMARY,
@@ -37,6 +44,90 @@ def draw_loss(ax: Any, output: Any, header: Any) -> None:
     line(ax, steps, ema(loss, 0.1), color=PRIMARY, label="moving average")
     _log_if_wide(ax, loss)
     finish(ax, ylabel="loss", legend=True)
+
+
+SPLITS: tuple[tuple[str, str, str], ...] = (
+    ("train", "-", "o"),
+    ("valid", "--", "s"),
+    ("test", ":", "^"),
+)
+"""Data splits of the Performance panel: metric prefix, line style, marker."""
+
+PERFORMANCE_METRICS: tuple[str, ...] = tuple(
+    f"{split}_{what}" for what in ("loss", "accuracy") for split, _, _ in SPLITS
+)
+"""The metrics of ``cp.log`` the Performance panel draws (Cockpit 1.0.2's names)."""
+
+
+def has_performance_metrics(output: Any) -> bool:
+    """Whether some step's metrics hold a loss or accuracy the Performance panel draws."""
+    return any(len(metric_series(output, name)[0]) for name in PERFORMANCE_METRICS)
+
+
+def _draw_split_metrics(ax: Any, output: Any, what: str, color: str, short: str) -> list[Any]:
+    """Lines of ``<split>_<what>`` for each logged split; labels show the latest value."""
+    handles = []
+    for split, style, marker in SPLITS:
+        steps, values = metric_series(output, f"{split}_{what}")
+        if not len(steps):
+            continue
+        (handle,) = ax.plot(
+            steps,
+            values,
+            color=color,
+            ls=style,
+            marker=marker,
+            ms=3.5,
+            lw=1.3,
+            label=f"{split} {short} {values[-1]:.3g}",
+        )
+        mark_nonfinite(ax, steps, values)
+        handles.append(handle)
+    return handles
+
+
+def _mark_epochs(ax: Any, output: Any) -> None:
+    """Epoch numbers (``epoch_count``) on a top axis at the steps they were logged."""
+    steps, epochs = metric_series(output, "epoch_count")
+    keep = np.isfinite(epochs)
+    steps, epochs = steps[keep], epochs[keep]
+    if not len(steps):
+        return
+    stride = max(1, -(-len(steps) // 8))  # at most 8 labels
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(steps[::stride], labels=[f"{e:g}" for e in epochs[::stride]])
+    top.tick_params(labelsize=7, pad=1)
+    top.set_xlabel("epoch", fontsize=7, labelpad=1)
+
+
+def draw_performance(ax: Any, output: Any, header: Any) -> None:
+    """Train/valid/test loss (blue, left axis) and accuracy (orange, right axis) over steps.
+
+    As Cockpit 1.0.2's performance plot, from the metrics of ``cp.log``: train solid,
+    valid dashed, test dotted; the legend shows each latest value, the top axis the epoch
+    numbers when ``epoch_count`` was logged.
+    """
+    losses = _draw_split_metrics(ax, output, "loss", PRIMARY, "loss")
+    if losses:
+        ax.set_ylabel("loss", fontsize=8, color=PRIMARY)
+        loss_values = np.concatenate([h.get_ydata() for h in losses])
+        _log_if_wide(ax, loss_values)
+    acc_ax = ax.twinx() if losses else ax
+    accuracies = _draw_split_metrics(acc_ax, output, "accuracy", SECONDARY, "acc")
+    if accuracies:
+        acc_ax.set_ylabel("accuracy", fontsize=8, color=SECONDARY)
+        acc_ax.tick_params(labelsize=7)
+    _mark_epochs(ax, output)
+    finish(ax)
+    handles = losses + accuracies
+    ax.legend(
+        handles,
+        [h.get_label() for h in handles],
+        fontsize=6.5,
+        loc="center right",
+        ncol=2 if len(handles) > 3 else 1,
+        framealpha=0.8,
+    )
 
 
 def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
@@ -159,6 +250,18 @@ INSTRUMENTS = [
         order=10,
         description="Update size / gradient norm: the learning rate for plain SGD; it shows "
         "momentum, schedules and adaptive scaling for other optimizers.",
+    ),
+    Instrument(
+        name="performance",
+        title="Performance",
+        topic="performance",
+        quantities=("metrics",),
+        draw=draw_performance,
+        order=25,
+        size=2.0,
+        description="Train/valid/test loss and accuracy logged with cp.log(step, "
+        "train_loss=..., valid_accuracy=...), with epoch numbers (epoch_count).",
+        available=has_performance_metrics,
     ),
     Instrument(
         name="time",

@@ -10,7 +10,10 @@ How values map to TensorBoard (tags are the quantity keys):
   ``key/<param name>``; other numeric fields -> scalars ``key/<field>``. 2-D histograms
   (``x_edges``/``y_edges``) have no TensorBoard form: only their scalar fields are written;
 * any other 1-D or larger numeric array or list -> a histogram of its values;
-* the header -> text ``cockpit/header``; error records -> text ``cockpit/errors``.
+* metrics of ``cp.log(step, name=value)`` -> scalar ``metrics/<name>``;
+* the header -> text ``cockpit/header``; error records -> text ``cockpit/errors``;
+  quantities added with ``cp.add`` -> text ``cockpit/quantities_added``. Records of other
+  kinds are ignored.
 
 NaN and inf scalars are written as they are (TensorBoard shows them as gaps/markers);
 non-finite elements are dropped from histograms.
@@ -92,6 +95,18 @@ class TensorBoardSink:
             step = int(record["step"])
             for key, value in record["values"].items():
                 self._value(str(key), value, step)
+        elif kind == "metrics":
+            step = int(record["step"])
+            for name, value in record["metrics"].items():
+                if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+                    self.writer.add_scalar(f"metrics/{name}", float(value), step)
+        elif kind == "quantity_added":
+            quantity = record.get("quantity") or {}
+            self.writer.add_text(
+                "cockpit/quantities_added",
+                f"{quantity.get('key')}: tracked from step {record.get('step')}",
+                int(record.get("step", 0)),
+            )
         elif kind == "error":
             self.writer.add_text(
                 "cockpit/errors",

@@ -133,3 +133,18 @@ def test_missing_tensorboard_names_the_pip_command(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match="pip install tensorboard"):
         TensorBoardSink(log_dir=str(tmp_path))
+
+
+def test_metrics_become_scalars_and_other_kinds_are_ignored(tmp_path):
+    sink = TensorBoardSink(log_dir=str(tmp_path))
+    sink({"kind": "header", "params": []})
+    sink({"kind": "metrics", "step": 3, "metrics": {"valid_accuracy": 0.75, "epoch_count": 1}})
+    sink({"kind": "metrics", "step": 9, "metrics": {"valid_accuracy": 0.875}})
+    sink({"kind": "quantity_added", "step": 4, "quantity": {"name": "grad_norm", "key": "gn"}})
+    sink({"kind": "from_a_later_version", "step": 5})  # ignored
+    sink.close()
+    acc = _accumulate(tmp_path)
+    valid = acc.Scalars("metrics/valid_accuracy")
+    assert [(e.step, e.value) for e in valid] == [(3, 0.75), (9, 0.875)]
+    assert [(e.step, e.value) for e in acc.Scalars("metrics/epoch_count")] == [(3, 1.0)]
+    assert "cockpit/quantities_added/text_summary" in acc.Tags()["tensors"]
