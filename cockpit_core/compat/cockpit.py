@@ -18,21 +18,10 @@ import torch
 from cockpit_core.cockpit import Cockpit as NativeCockpit
 from cockpit_core.compat.quantities.quantity import DROP, Quantity, is_native_quantity
 from cockpit_core.log import write_json_atomic
+from cockpit_core.metrics import METRICS_KEY, REFERENCE_METRICS
 from cockpit_core.registry import Registry, default_registry
 
-METRICS_KEY = "metrics"
-"""Native output key of the metrics given to ``log`` (flattened into the 1.0.2 layout)."""
-
-LOG_NAMES = (
-    "epoch_count",
-    "train_loss",
-    "valid_loss",
-    "test_loss",
-    "train_accuracy",
-    "valid_accuracy",
-    "test_accuracy",
-    "learning_rate",
-)
+LOG_NAMES = REFERENCE_METRICS
 """The arguments of Cockpit 1.0.2's ``log`` after ``global_step``, in order."""
 
 
