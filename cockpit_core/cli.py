@@ -2,7 +2,7 @@
 
 Sub-commands::
 
-    cockpit plugins [--json]        installed plugins, their versions and load errors
+    cockpit plugins [-v] [--json]   installed plugins, what they register, load errors
     cockpit quantities [--json]     installed quantities with their options
     cockpit schema                  JSON schema of config files (for editor autocomplete)
     cockpit validate CONFIG         check a config file (exit code 0 valid, 1 invalid)
@@ -50,12 +50,30 @@ def _field_rows(config_cls: Any) -> list[dict[str, Any]]:
     return rows
 
 
+_PLUGIN_LISTING: tuple[tuple[str, str], ...] = (
+    ("hooks", "hooks"),
+    ("quantities", "quantities"),
+    ("presets", "presets"),
+    ("instruments", "instruments"),
+    ("sinks", "sinks"),
+    ("providers", "providers"),
+    ("kinds", "statistic kinds"),
+)
+"""JSON key and label of what ``cockpit plugins -v`` lists per plugin, in order."""
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
-    """List plugins with their state and name conflicts between them."""
+    """List plugins with their state and name conflicts between them.
+
+    Without ``-v`` each plugin shows its quantities, presets, providers and sinks; with
+    ``-v`` also the hooks it implements, its instruments, statistic kinds and the reason its
+    panels and sinks were skipped, if they were. ``--json`` always has everything.
+    """
     from cockpit_core.registry import default_registry
 
     registry = default_registry()
     conflicts = [str(err) for err in registry.conflicts.values()]
+    extension_errors = getattr(registry, "extension_errors", {})
     rows = [
         {
             "name": p.name,
@@ -64,10 +82,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             "module": p.module,
             "ok": p.ok,
             "error": p.error,
+            "hooks": p.hooks,
             "quantities": p.quantities,
             "presets": p.presets,
-            "providers": p.providers,
+            "instruments": p.instruments,
             "sinks": p.sinks,
+            "providers": p.providers,
+            "kinds": p.kinds,
+            "extension_error": extension_errors.get(p.name),
             "conflicts": [c for c in conflicts if f"'{p.distribution}'" in c],
         }
         for p in registry.plugins
@@ -75,17 +97,25 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    verbose = getattr(args, "verbose", False)
+    listed = (
+        _PLUGIN_LISTING
+        if verbose
+        else tuple((key, key) for key in ("quantities", "presets", "providers", "sinks"))
+    )
     if not rows:
         print("No cockpit plugins installed. Install one, e.g. `pip install cockpit-basic`.")
     for r in rows:
         state = "ok" if r["ok"] else f"SKIPPED: {r['error']}"
         print(f"{r['name']}  ({r['distribution']} {r['version']})  {state}")
-        for what in ("quantities", "presets", "providers", "sinks"):
-            if r[what]:
-                print(f"    {what}: {', '.join(r[what])}")
+        for key, label in listed:
+            if r[key]:
+                print(f"    {label}: {', '.join(r[key])}")
+        if verbose and r["extension_error"]:
+            print(f"    panels/sinks skipped: {r['extension_error']}")
     for name, err in registry.conflicts.items():
         print(f"CONFLICT {name}: {err}")
-    for message in getattr(registry, "extension_errors", {}).values():
+    for message in extension_errors.values():
         print(f"PANELS/SINKS SKIPPED {message}")
     return 0
 
@@ -264,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plugins", help="list installed plugins and load errors")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also list each plugin's hooks, instruments and statistic kinds",
+    )
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("quantities", help="list installed quantities and their options")

@@ -9,6 +9,7 @@ in a hook is skipped like one that raises ``ImportError``.
 
 from __future__ import annotations
 
+import difflib
 import traceback
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
@@ -29,9 +30,12 @@ class PluginInfo:
         version: Version of that distribution.
         module: Import path of the plugin object.
         error: Why the plugin was skipped, or ``None`` if it loaded.
+        hooks: Names of the cockpit hooks it implements, in documentation order.
         quantities: Names of the quantities it registered.
         presets: Names of the presets it registered.
+        instruments: Names of the dashboard instruments (panels) it registered.
         providers: Names of the statistics providers it registered.
+        kinds: Names of the statistic kinds it registered.
         sinks: Names of the sinks it registered.
 
     """
@@ -41,9 +45,12 @@ class PluginInfo:
     version: str = "?"
     module: str = ""
     error: str | None = None
+    hooks: list[str] = field(default_factory=list)
     quantities: list[str] = field(default_factory=list)
     presets: list[str] = field(default_factory=list)
+    instruments: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
     sinks: list[str] = field(default_factory=list)
 
     @property
@@ -59,14 +66,80 @@ def new_plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
+def hook_names(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
+    """Names of the hooks ``plugin`` implements: its attributes marked with cockpit's ``hookimpl``.
+
+    A ``hookimpl(specname=...)`` counts under its ``specname``. Implementations marked
+    ``optionalhook=True`` are left out unless their hook exists: pluggy tolerates them.
+
+    Returns:
+        The names, without duplicates, in the order of ``dir(plugin)``.
+
+    """
+    names: list[str] = []
+    for attr in dir(plugin):
+        try:
+            opts = pm.parse_hookimpl_opts(plugin, attr)
+        except Exception:  # an attribute pluggy cannot inspect is no hook
+            opts = None
+        if opts is None:
+            continue
+        name = opts.get("specname") or attr
+        if opts.get("optionalhook") and name not in hookspecs.HOOK_NAMES:
+            continue
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def unknown_hooks_message(names: list[str]) -> str | None:
+    """Explain the names in ``names`` that are no cockpit hook, or ``None`` if all are.
+
+    Example: ``unknown hook 'register_quantity' (did you mean 'register_quantities'?);
+    cockpit's hooks are register_quantities, register_presets, ...``.
+    """
+    unknown = [name for name in names if name not in hookspecs.HOOK_NAMES]
+    if not unknown:
+        return None
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, hookspecs.HOOK_NAMES, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        parts.append(f"'{name}'{hint}")
+    noun = "hook" if len(unknown) == 1 else "hooks"
+    return (
+        f"unknown {noun} {', '.join(parts)}; cockpit's hooks are {', '.join(hookspecs.HOOK_NAMES)}"
+    )
+
+
 def load_plugin(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> bool:
-    """Check ``plugin``'s protocol version and register it with ``pm``; record errors in ``info``."""
+    """Check ``plugin``'s protocol version and hooks, and register it with ``pm``.
+
+    A function marked with cockpit's ``hookimpl`` whose name is no hook spec (a misspelled
+    hook, which would otherwise register nothing) makes the plugin fail to load, with a
+    did-you-mean naming the valid hooks.
+
+    Args:
+        pm: The plugin manager to register with.
+        plugin: The plugin object (usually a module).
+        info: Filled in: ``hooks`` always, ``error`` when the plugin is skipped.
+
+    Returns:
+        Whether the plugin was registered.
+
+    """
     version = getattr(plugin, "COCKPIT_PROTOCOL_VERSION", hookspecs.PROTOCOL_VERSION)
     if version != hookspecs.PROTOCOL_VERSION:
         info.error = (
             f"declares plugin protocol version {version!r}, but this cockpit-core speaks "
             f"version {hookspecs.PROTOCOL_VERSION}; upgrade the plugin or cockpit-core"
         )
+        return False
+    names = hook_names(pm, plugin)
+    info.hooks = [name for name in hookspecs.HOOK_NAMES if name in names]
+    unknown = unknown_hooks_message(names)
+    if unknown is not None:
+        info.error = f"invalid hook implementation: {unknown}"
         return False
     try:
         pm.register(plugin, name=info.name)

@@ -294,7 +294,9 @@ class Registry:
                 )
             else:
                 self.kinds[kind.name] = kind
+                info.kinds.append(kind.name)
         for instrument in new_i:
+            info.instruments.append(instrument.name)  # also when it conflicts, like sinks
             if instrument.name in self.instruments:
                 self._other_conflict("instrument", instrument.name, info.distribution)
             else:

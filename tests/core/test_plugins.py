@@ -246,3 +246,133 @@ def test_preset_and_quantity_collisions_name_both_distributions(fake_distributio
     )
     with pytest.raises(DuplicateQuantityError, match="'cockpit-basic' and 'fakeplug-presets'"):
         registry.get("grad_norm")
+
+
+VALID_HOOKS = (
+    "register_quantities, register_presets, register_instruments, register_sinks, "
+    "register_statistic_providers, register_statistic_kinds"
+)
+
+
+def _module(name, **attributes):
+    import types
+
+    module = types.ModuleType(name)
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    return module
+
+
+def test_a_misspelled_hook_is_an_error_with_a_did_you_mean():
+    from cockpit_core import Quantity, hookimpl
+
+    class Typo(Quantity):
+        name = "fakeplug_typo"
+
+    @hookimpl
+    def register_quantity(register):
+        register(Typo)
+
+    registry = Registry()
+    info = registry.add_plugin(
+        _module("fakeplug_typo", register_quantity=register_quantity), name="fakeplug_typo"
+    )
+    assert not info.ok
+    assert info.error == (
+        "invalid hook implementation: unknown hook 'register_quantity' (did you mean "
+        f"'register_quantities'?); cockpit's hooks are {VALID_HOOKS}"
+    )
+    assert "fakeplug_typo" not in registry.quantities
+    assert registry.plugin_manager.get_plugin("fakeplug_typo") is None
+    assert "register_quantity" not in vars(registry.plugin_manager.hook)
+
+
+def test_several_unknown_hooks_are_all_named_and_the_known_ones_listed():
+    from cockpit_core import hookimpl
+
+    @hookimpl
+    def register_sink(register):
+        pass
+
+    @hookimpl
+    def setup():
+        pass
+
+    @hookimpl
+    def register_presets(register):
+        register("fakeplug_preset", ["loss"])
+
+    registry = Registry()
+    info = registry.add_plugin(
+        _module(
+            "fakeplug_many",
+            register_sink=register_sink,
+            setup=setup,
+            register_presets=register_presets,
+        ),
+        name="fakeplug_many",
+    )
+    assert info.error == (
+        "invalid hook implementation: unknown hooks 'register_sink' (did you mean "
+        f"'register_sinks'?), 'setup'; cockpit's hooks are {VALID_HOOKS}"
+    )
+    assert info.hooks == ["register_presets"]
+    assert "fakeplug_preset" not in registry.presets
+
+
+def test_unmarked_helpers_optional_hooks_and_specname_are_accepted():
+    from cockpit_core import Quantity, hookimpl
+
+    class Named(Quantity):
+        name = "fakeplug_named"
+
+    def register_helper(register):  # not marked: not a hook
+        raise AssertionError("never called")
+
+    @hookimpl(optionalhook=True)
+    def register_future_things(register):  # a hook of a newer cockpit: tolerated
+        raise AssertionError("never called")
+
+    @hookimpl(specname="register_quantities")
+    def my_quantities(register):
+        register(Named)
+
+    registry = Registry()
+    info = registry.add_plugin(
+        _module(
+            "fakeplug_fine",
+            register_helper=register_helper,
+            register_future_things=register_future_things,
+            my_quantities=my_quantities,
+        ),
+        name="fakeplug_fine",
+    )
+    assert info.ok, info.error
+    assert info.hooks == ["register_quantities"]
+    assert info.quantities == ["fakeplug_named"]
+
+
+def test_an_installed_plugin_with_a_misspelled_hook_is_skipped_and_listed(
+    fake_distribution, monkeypatch, capsys
+):
+    from cockpit_core import registry as registry_module
+    from cockpit_core.cli import main
+
+    fake_distribution(
+        "fakeplug-typo",
+        "fakeplug_typo",
+        GOOD.replace("def register_quantities", "def register_quantites"),
+    )
+    registry = Registry.from_entry_points()
+    info = next(p for p in registry.plugins if p.name == "fakeplug_typo")
+    message = (
+        "invalid hook implementation: unknown hook 'register_quantites' (did you mean "
+        f"'register_quantities'?); cockpit's hooks are {VALID_HOOKS}"
+    )
+    assert info.error == message
+    assert "fakeplug_value" not in registry.quantities
+    assert "fakeplug_preset" not in registry.presets  # skipped whole, like any load error
+    assert "loss" in registry.quantities
+    monkeypatch.setattr(registry_module, "default_registry", lambda: registry)
+    assert main(["plugins"]) == 0
+    assert f"fakeplug_typo  (fakeplug-typo 1.0)  SKIPPED: {message}\n" in capsys.readouterr().out
