@@ -5,7 +5,7 @@ quantities live in plugins found through the ``cockpit`` entry-point group.
 """
 
 from importlib import metadata as _metadata
-from typing import Any
+from typing import Any as _Any
 
 from cockpit_core.cache import Cache
 from cockpit_core.cockpit import Cockpit
@@ -57,7 +57,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
     __version__ = "0+unknown"
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     """``cockpit_core.extend``: BackPACK's ``extend``, from the cockpit-backpack plugin."""
     if name == "extend":
         try:

@@ -15,6 +15,7 @@ See ``docs/writing_quantities.md`` for a walk-through.
 
 from __future__ import annotations
 
+import difflib
 import re
 import types
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin
@@ -161,7 +162,26 @@ def validate_config(config_cls: type[BaseModel], data: dict[str, Any], prefix: s
     try:
         return config_cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(pydantic_errors(err, prefix, data)) from None
+        errors = pydantic_errors(err, prefix, data)
+        if issubclass(config_cls, QuantityConfig):
+            errors = _suggest_options(err, errors, config_cls)
+        raise ConfigError(errors) from None
+
+
+def _suggest_options(
+    err: ValidationError, errors: list[tuple[str, str]], config_cls: type[BaseModel]
+) -> list[tuple[str, str]]:
+    """Add the closest valid option name to each unknown top-level quantity option."""
+    out = []
+    for e, (path, msg) in zip(err.errors(), errors):
+        if e["type"] == "extra_forbidden" and len(e["loc"]) == 1:
+            close = difflib.get_close_matches(str(e["loc"][0]), list(config_cls.model_fields), n=1)
+            if close:
+                msg = msg.replace(
+                    "unknown option", f"unknown option, did you mean '{close[0]}'?", 1
+                )
+        out.append((path, msg))
+    return out
 
 
 def pydantic_errors(

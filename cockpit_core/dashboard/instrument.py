@@ -1,8 +1,8 @@
 """The :class:`Instrument`: one dashboard panel, contributed by a plugin.
 
 Plugins register instruments through the ``register_instruments`` hook (see
-``docs/hooks_dashboard.md``). This module imports no plotting library, so plugins can
-import it at discovery time for free.
+``docs/hooks.md`` and ``docs/dashboard.md``). This module imports no plotting library, so
+plugins can import it at discovery time for free.
 
 Stability: the fields below are part of the plugin protocol (version 1). New fields are
 only ever added with defaults; ``draw`` keeps its three positional arguments.

@@ -60,10 +60,23 @@ def line(
     label: str | None = None,
     **kwargs: Any,
 ) -> None:
-    """Plot a series and mark its non-finite values (NaN/inf) with red ticks at the top."""
+    """Plot a series and mark its non-finite values (NaN/inf) with red ticks at the top.
+
+    Args:
+        ax: The matplotlib ``Axes``.
+        steps: Steps (x values).
+        values: Values (y values); NaN and inf are marked.
+        color: Line colour.
+        label: Legend label.
+        **kwargs: Further ``ax.plot`` keywords; they win over the defaults here (the line
+            width is 1.3 unless ``linewidth`` or ``lw`` is given).
+
+    """
     steps = np.asarray(steps, dtype=float)
     values = np.asarray(values, dtype=float)
-    ax.plot(steps, values, color=color, label=label, lw=kwargs.pop("lw", 1.3), **kwargs)
+    if "linewidth" not in kwargs and "lw" not in kwargs:
+        kwargs["linewidth"] = 1.3
+    ax.plot(steps, values, color=color, label=label, **kwargs)
     mark_nonfinite(ax, steps, values)
 
 

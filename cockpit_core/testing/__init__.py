@@ -15,6 +15,14 @@ Typical plugin test::
             grads = per_sample_gradients(model, result.problem, snap.x, snap.y)
             ...  # compute the definition, compare with result.output[snap.step]["my_quantity"]
 
+Dashboard panels (instruments) are drawn on sample output, warnings counting as
+failures::
+
+    from cockpit_core.testing import check_instrument
+
+    def test_my_panel_draws():
+        check_instrument(MY_INSTRUMENT, quantities=[MyQuantity])
+
 Statistics providers have their own kit (``docs/providers.md``)::
 
     from cockpit_core.testing import check_provider
@@ -28,6 +36,7 @@ BackPACK only partly supports (embedding, attention, LayerNorm).
 """
 
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
+from cockpit_core.testing.instrument_checks import check_instrument
 from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
 from cockpit_core.testing.providers import ProviderReport, check_provider
 from cockpit_core.testing.runner import RunResult, StepSnapshot, run_cockpit
@@ -39,6 +48,7 @@ __all__ = [
     "ProviderReport",
     "RunResult",
     "StepSnapshot",
+    "check_instrument",
     "check_provider",
     "check_quantity",
     "run_cockpit",

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from cockpit_core.config import config_json_schema
-from cockpit_core.errors import ConfigError
+from cockpit_core.errors import ConfigError, MissingInfoError
 from cockpit_core.log import dumps, loads
 from cockpit_core.quantity import Quantity, check_quantity_class
 from cockpit_core.registry import Registry
@@ -34,6 +34,7 @@ def check_quantity(
     options: dict[str, Any] | None = None,
     problem: Problem | None = None,
     steps: int = 4,
+    info_extra: dict[str, Any] | None = None,
 ) -> None:
     """Run every protocol check on ``cls``; raise :class:`ConformanceError` on the first failure.
 
@@ -41,13 +42,18 @@ def check_quantity(
     descriptions; unknown options rejected with :class:`ConfigError`; a JSON schema; nothing
     computed on unscheduled steps; values produced on scheduled steps (stored under the
     start step for two-step quantities); values that survive the log's encode/decode round
-    trip; no undeclared statistic read (no recorded errors).
+    trip; no undeclared statistic or missing ``info`` key read (every exception ``compute``
+    raises becomes a :class:`ConformanceError` naming it, the original chained).
 
     Args:
         cls: The quantity class.
         options: Options for the instances under test (defaults otherwise).
         problem: The problem to train (default: :func:`tiny_mlp`).
         steps: Steps to train (at least 3).
+        info_extra: Extra ``info`` keys the quantity reads (see :func:`run_cockpit`).
+
+    Raises:
+        ConformanceError: The first rule ``cls`` breaks, with the fix.
 
     """
     options = dict(options or {})
@@ -57,7 +63,7 @@ def check_quantity(
         raise ConformanceError(str(err)) from None
     _check_config(cls, options)
     _check_schema(cls)
-    _check_schedule_and_values(cls, options, problem or tiny_mlp(), steps)
+    _check_schedule_and_values(cls, options, problem or tiny_mlp(), steps, info_extra)
 
 
 def _check_config(cls: type[Quantity], options: dict[str, Any]) -> None:
@@ -103,13 +109,22 @@ def _check_schema(cls: type[Quantity]) -> None:
 
 
 def _check_schedule_and_values(
-    cls: type[Quantity], options: dict[str, Any], problem: Problem, steps: int
+    cls: type[Quantity],
+    options: dict[str, Any],
+    problem: Problem,
+    steps: int,
+    info_extra: dict[str, Any] | None = None,
 ) -> None:
     tracked = 1
     quantity = cls(**options, schedule=ExplicitSteps(steps=[tracked]))
     calls: list[tuple[str, int]] = []
     _spy(quantity, calls)
-    result = run_cockpit(problem, [quantity], steps=steps, on_error="raise")
+    try:
+        result = run_cockpit(
+            problem, [quantity], steps=steps, on_error="raise", info_extra=info_extra
+        )
+    except Exception as err:
+        raise ConformanceError(_run_failure(cls, problem, err)) from err
     called_steps = {s for _, s in calls}
     expected_calls = {tracked, tracked + 1} if cls.two_step else {tracked}
     if called_steps != expected_calls:
@@ -138,6 +153,28 @@ def _check_schedule_and_values(
         )
     if result.cockpit.errors:
         raise ConformanceError(f"{cls.__name__} recorded errors: {result.cockpit.errors}")
+
+
+def _run_failure(cls: type[Quantity], problem: Problem, err: Exception) -> str:
+    """Say why tracking ``cls`` on ``problem`` failed and how to fix it."""
+    where = f"{cls.__name__} failed while tracked on the '{problem.name}' problem"
+    if isinstance(err, MissingInfoError):
+        return (
+            f"{where}: {err} check_quantity passes info with loss, individual_losses, "
+            "batch_size and optimizer; give other keys with check_quantity(..., info_extra={...})."
+        )
+    if isinstance(err, KeyError):
+        detail = err.args[0] if len(err.args) == 1 else err
+        if isinstance(detail, str) and "requirements()" in detail:
+            return f"{where}: {detail}"
+        return (
+            f"{where}: KeyError {detail!r}. If compute reads ctx.info[{detail!r}], declare the "
+            f"key in its requirements (Requirements(info={{{detail!r}}})) so a run without it "
+            "fails with a clear MissingInfoError, and pass it with "
+            "check_quantity(..., info_extra={...}); statistics are read with ctx.stat(...) "
+            "after declaring them in Requirements(statistics=...)."
+        )
+    return f"{where}: {type(err).__name__}: {err}"
 
 
 def _spy(quantity: Quantity, calls: list[tuple[str, int]]) -> None:
