@@ -198,3 +198,33 @@ def test_check_attaches_the_model_and_training_goes_on_without_errors():
         with cp(step, info={"loss": loss, "batch_size": 5}):
             loss.backward()
     assert cp.errors == [] and set(cp.get_output()) == {0, 1, 2}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("attach", [False, True], ids=["parameters", "model"])
+def test_runtime_curvature_error_says_what_check_says(attach):
+    """On a model BackPACK's second-order extensions do not cover, the step's error never
+    tells the user to extend the model as if that sufficed; with the model it is check's."""
+    from cockpit_core.testing import tiny_transformer
+
+    problem = tiny_transformer(extended=False)
+    model = problem.make_model()
+    # without the providers that compute curvature diagonals on any model
+    backend = ["hooks", "backpack", "func"]
+    cp = Cockpit(model if attach else model.named_parameters(), ["tic_diag"], backend=backend)
+    x, y = problem.batch(0)
+    out = model(x)
+    loss = problem.loss_module()(out, y)
+    info = {"loss": loss, "batch_size": len(x)}
+    info["individual_losses"] = problem.individual_losses(out, y).detach()
+    with cp(0, info=info):
+        loss.backward()
+    (error,) = cp.errors
+    if attach:
+        (row,) = cp.check(model).rows
+        assert row.why.split(".; ")[-1].rstrip(".") in error["error"]
+        assert "does not support 'embed' (Embedding)" in error["error"]
+    else:
+        assert "helps only if BackPACK supports every module" in error["error"]
+        assert "cp.attach(model, loss_fn)" in error["error"]
+    assert "Call model = " not in error["error"]

@@ -336,10 +336,12 @@ class BackpackProvider(StatisticProvider):
             elif not modules:
                 collection.fail(
                     stat,
-                    f"No statistic {stat.describe()} was computed: the model and the loss "
-                    "function must be extended for BackPACK. Call model = "
-                    "cockpit_core.extend(model) and loss_fn = "
-                    "cockpit_core.extend(loss_fn).",
+                    f"No statistic {stat.describe()} was computed: BackPACK saw no extended "
+                    "module in this backward pass. Extending the model and the loss function "
+                    "(model = cockpit_core.extend(model), loss_fn = "
+                    "cockpit_core.extend(loss_fn)) helps only if BackPACK supports every "
+                    "module between the loss and the parameters (`cockpit check` lists those "
+                    "it does not support).",
                 )
             else:
                 where = ", ".join(
