@@ -10,32 +10,48 @@ from pydantic import Field, field_validator, model_validator
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
 from cockpit_curvature._common import (
     curvature_statistic,
+    flatten,
     normalize_curvature,
     read_diagonal,
     split_like,
     step_generator,
     total_and_per_param,
 )
+from cockpit_curvature._estimators import ESTIMATORS, MatVec
 
 _HINT = "use method='hutchinson', which needs only Hessian-vector products."
+
+_MIN_PROBES = {"hutchinson": 1, "hutchpp": 3, "xtrace": 4}
+"""Fewest products each stochastic method can work with."""
 
 
 class HessTraceConfig(QuantityConfig):
     """Options of :class:`HessTrace`."""
 
-    method: Literal["diag_hessian", "diag_ggn_exact", "diag_ggn_mc", "hutchinson"] = Field(
+    method: Literal[
+        "diag_hessian", "diag_ggn_exact", "diag_ggn_mc", "hutchinson", "hutchpp", "xtrace"
+    ] = Field(
         "diag_hessian",
         description="How the trace is obtained: 'diag_hessian' (exact Hessian diagonal, "
         "BackPACK DiagHessian; Cockpit 1.0.2's default, alias 'diag_h'), 'diag_ggn_exact' / "
         "'diag_ggn_mc' (diagonal of the generalized Gauss-Newton matrix, exact or Monte-Carlo), "
-        "or 'hutchinson' (Rademacher probes and Hessian-vector products; any model).",
+        "or a randomized estimator from Hessian-vector products (any model; with error bars): "
+        "'hutchinson' (Rademacher probes), 'hutchpp' (Hutch++: low-rank sketch plus "
+        "Hutchinson on the rest) or 'xtrace' (XTrace: exchangeable leave-one-out Hutch++).",
     )
     mc_samples: int = Field(1, ge=1, description="Monte-Carlo samples of method='diag_ggn_mc'.")
     probes: int = Field(
-        10, ge=1, description="Rademacher probes (one Hessian-vector product each) of 'hutchinson'."
+        10,
+        ge=1,
+        description="Hessian-vector products of 'hutchinson' (one per probe), 'hutchpp' (at "
+        "least 3: a third sketch, a third its basis, the rest probes) or 'xtrace' (at least 4; "
+        "an even number is used).",
     )
     seed: int = Field(
-        0, ge=0, description="Seed of the 'hutchinson' probes (combined with the step number)."
+        0,
+        ge=0,
+        description="Seed of the probes of 'hutchinson', 'hutchpp' and 'xtrace' (combined with "
+        "the step number).",
     )
 
     @field_validator("method", mode="before")
@@ -48,8 +64,13 @@ class HessTraceConfig(QuantityConfig):
         if "mc_samples" in self.model_fields_set and self.method != "diag_ggn_mc":
             raise ValueError("mc_samples applies only to method='diag_ggn_mc'")
         for opt in ("probes", "seed"):
-            if opt in self.model_fields_set and self.method != "hutchinson":
-                raise ValueError(f"{opt} applies only to method='hutchinson'")
+            if opt in self.model_fields_set and self.method not in _MIN_PROBES:
+                raise ValueError(
+                    f"{opt} applies only to method='hutchinson', 'hutchpp' or 'xtrace'"
+                )
+        least = _MIN_PROBES.get(self.method, 1)
+        if self.probes < least:
+            raise ValueError(f"method={self.method!r} needs probes >= {least}, got {self.probes}")
         return self
 
 
@@ -60,42 +81,63 @@ class HessTrace(Quantity):
     diagonal computed by BackPACK during the backward pass (Dangel et al., 2020,
     "BackPACK: Packing more into backprop"): the Hessian's (``diag_hessian``, as Cockpit
     1.0.2) or the generalized Gauss-Newton matrix's (``diag_ggn_exact``; ``diag_ggn_mc``
-    samples it). ``hutchinson`` needs no BackPACK support (Hutchinson, 1989, "A stochastic
-    estimator of the trace of the influence matrix"): with Rademacher probes ``v`` (entries
-    +-1), ``E[v_i^T (H v)_i] = tr(H_ii)``, so::
+    samples it). The randomized methods need no BackPACK support, only Hessian-vector
+    products on the flat vector of all tracked parameters, and report error bars
+    (``std_error``, ``std_error_per_param``) and their cost (``hvps``):
 
-        tr(H_ii) ~ (1 / S) sum_s v_s,i^T (H v_s)_i
+    - ``hutchinson`` (Hutchinson, 1989, "A stochastic estimator of the trace of the
+      influence matrix"): with Rademacher probes ``v`` (entries +-1),
+      ``E[v_i^T (H v)_i] = tr(H_ii)``, so ``tr(H_ii) ~ (1 / S) sum_s v_s,i^T (H v_s)_i``
+      with ``S`` probes, one Hessian-vector product each, shared by all blocks.
+    - ``hutchpp`` (Meyer et al., 2021, "Hutch++: Optimal stochastic trace estimation"):
+      ``tr(H) = tr(Q^T H Q) + tr(P H P)`` with ``Q = orth(H S)`` from a sketch ``S`` and
+      ``P = I - Q Q^T``; the first term exactly, the second with Hutchinson.
+    - ``xtrace`` (Epperly, Tropp & Webber, 2024, "XTrace: Making the most of every sample
+      in stochastic trace estimation"): the mean of the Hutch++ estimates that leave each
+      probe out of the sketch and use it for the correction.
 
-    with ``S`` probes, one Hessian-vector product each, shared by all blocks.
+    See :mod:`cockpit_curvature._estimators` for the formulas.
     """
 
     name = "hess_trace"
     Config = HessTraceConfig
 
     def requirements(self) -> Requirements:
-        """A curvature statistic, or the loss graph for ``hutchinson``."""
+        """A curvature statistic, or the loss graph for the randomized methods."""
         cfg = self.config
-        if cfg.method == "hutchinson":
+        if cfg.method in _MIN_PROBES:
             return Requirements(info={"loss"}, loss_graph=True)
         return Requirements(statistics=(curvature_statistic(cfg.method, cfg.mc_samples),))
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
-        """Return ``{"total": tr, "per_param": [tr(H_ii)]}``."""
+        """Return ``{"total": tr, "per_param": [tr(H_ii)]}``, plus error bars and cost.
+
+        The randomized methods add ``std_error`` (of ``total``), ``std_error_per_param``
+        and ``hvps`` (Hessian-vector products used).
+        """
         cfg = self.config
-        if cfg.method == "hutchinson":
-            return total_and_per_param(self._hutchinson(ctx))
+        if cfg.method in _MIN_PROBES:
+            estimator = ESTIMATORS[cfg.method]
+            sizes = [p.numel() for p in ctx.params]
+            gen = step_generator(cfg.seed, ctx.step)
+            est = estimator(self._hessian(ctx), sizes, cfg.probes, gen)
+            out = total_and_per_param(list(est.per_param))
+            out["std_error"] = est.std_error
+            out["std_error_per_param"] = est.std_error_per_param
+            out["hvps"] = est.hvps
+            return out
         stat = curvature_statistic(cfg.method, cfg.mc_samples)
         diagonal = read_diagonal(ctx, stat, self.key, _HINT)
         return total_and_per_param([d.double().sum() for d in diagonal])
 
-    def _hutchinson(self, ctx: StepContext) -> list[torch.Tensor]:
-        gen = step_generator(self.config.seed, ctx.step)
-        sums = torch.zeros(len(ctx.params), dtype=torch.float64)
-        dim = sum(p.numel() for p in ctx.params)
-        for _ in range(self.config.probes):
-            signs = torch.randint(0, 2, (dim,), generator=gen).to(torch.float64) * 2 - 1
-            probe = split_like(signs, ctx.params)
-            probe = [v.to(dtype=p.dtype, device=p.device) for v, p in zip(probe, ctx.params)]
-            hv = ctx.hvp(probe)
-            sums += torch.stack([(v * h).sum().double().cpu() for v, h in zip(probe, hv)])
-        return list(sums / self.config.probes)
+    @staticmethod
+    def _hessian(ctx: StepContext) -> MatVec:
+        """``v -> H v`` on flat float64 CPU vectors through ``ctx.hvp``."""
+        params = ctx.params
+
+        def matvec(vector: torch.Tensor) -> torch.Tensor:
+            parts = split_like(vector, params)
+            parts = [v.to(dtype=p.dtype, device=p.device) for v, p in zip(parts, params)]
+            return flatten(ctx.hvp(parts)).to(device="cpu", dtype=torch.float64)
+
+        return matvec

@@ -1,7 +1,8 @@
 """Dashboard panels of cockpit-curvature: Hessian max eigenvalue, Hessian trace, TIC.
 
 ``hess_trace``, ``tic_diag`` and ``tic_trace`` return ``{"total": float, "per_param":
-array}``; ``hess_max_ev`` returns ``{"value": float, "eigenvalues": [k], "hvps": int,
+array}`` (``hess_trace``'s randomized methods add ``std_error``, ``std_error_per_param`` and
+``hvps``); ``hess_max_ev`` returns ``{"value": float, "eigenvalues": [k], "hvps": int,
 "converged": bool}`` (a plain number or a ``total`` entry are read too).
 """
 
@@ -73,7 +74,12 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
 
 
 def draw_trace(ax: Any, output: Any, header: Any) -> None:
-    """Hessian trace in total (bold) and per parameter (thin lines)."""
+    """Hessian trace in total (bold) and per parameter (thin lines).
+
+    Randomized estimates (``method`` ``hutchinson``, ``hutchpp`` or ``xtrace``) carry
+    ``std_error``; the total then gets a band of +-2 standard errors (about 95% for an
+    approximately normal estimate).
+    """
     steps, total = series(output, "hess_trace")
     s_per, per = per_param_series(output, "hess_trace")
     if per.size:
@@ -91,6 +97,17 @@ def draw_trace(ax: Any, output: Any, header: Any) -> None:
                 alpha=0.8,
                 label=label,
             )
+    _, std_error = series(output, "hess_trace", "std_error")
+    if np.isfinite(std_error).any():
+        ax.fill_between(
+            steps,
+            total - 2 * std_error,
+            total + 2 * std_error,
+            color=PRIMARY,
+            alpha=0.2,
+            lw=0,
+            label=r"total $\pm$ 2 SE",
+        )
     line(ax, steps, total, color=PRIMARY, lw=1.8, label="total")
     all_vals = np.concatenate([total, per.ravel()]) if per.size else total
     _log_if_wide(ax, all_vals)
