@@ -152,7 +152,8 @@ _HVP_ALTERNATIVE = (
 )
 _CURVATURE_HINT = (
     "curvature diagonals come from BackPACK's second-order extensions: pip install "
-    "cockpit-backpack (or track quantities based on Hessian-vector products, e.g. "
+    "cockpit-backpack (MLPs, CNNs), or from cockpit-autodiff for any model: pip install "
+    "cockpit-autodiff (or track quantities based on Hessian-vector products, e.g. "
     "hess_trace with method='hutchinson')"
 )
 

@@ -123,9 +123,10 @@ def test_a_request_no_provider_accepts_is_refused_naming_it():
     with pytest.raises(MisuseError) as err:
         with cp(0, 42, info={"loss": loss, "batch_size": 4}):
             loss.backward()
+    autodiff = "'autodiff', " if "autodiff" in cp.registry.providers else ""
     assert str(err.value) == (
         "cp(0, ...): no installed statistics provider accepts the argument 42 (type int; "
-        "installed providers: 'hooks', 'backpack', 'func', 'recording'). Arguments after the "
+        f"installed providers: 'hooks', 'backpack', 'func', {autodiff}'recording'). Arguments after the "
         "step number are requests for a provider, e.g. BackPACK extensions such as "
         "DiagGGNExact(), which need the BackPACK provider: pip install cockpit-backpack "
         "(`cockpit plugins` lists what is installed)."

@@ -9,9 +9,9 @@ SCRIPT = textwrap.dedent(
     import sys
     import warnings
 
-    class HideBackpack:  # as if backpack-for-pytorch and cockpit-backpack were not installed
+    class HideBackpack:  # as if backpack-for-pytorch and the curvature providers were not installed
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("backpack", "cockpit_backpack"):
+            if name.split(".")[0] in ("backpack", "cockpit_backpack", "cockpit_autodiff"):
                 raise ModuleNotFoundError(f"No module named {name!r}")
 
     sys.meta_path.insert(0, HideBackpack())

@@ -102,6 +102,12 @@ def test_check_reports_how_each_quantity_is_computed():
     assert rows["norm_test"].available
     assert rows["norm_test"].how == "hooks; func for 'pos' (TinyTransformer)"
     assert rows["hess_max_ev"].available and rows["hess_max_ev"].why == ""
+    if "autodiff" in cp.registry.providers:  # cockpit-autodiff: exact diagonals of any model
+        assert rows["hess_trace"].available and rows["hess_trace"].how == "autodiff"
+        assert rows["tic_diag"].available
+        assert rows["tic_diag"].how == "hooks; func for 'pos' (TinyTransformer), autodiff"
+        assert "func; diag_hessian: autodiff: parameter(s) 'pos'" in str(report)
+        return
     for name in ("tic_diag", "hess_trace"):  # exact second-order diagonals: BackPACK only
         assert not rows[name].available
         assert "DiagHessian does not support" in rows[name].why

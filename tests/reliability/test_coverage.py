@@ -59,9 +59,14 @@ def test_check_lists_per_quantity_how_and_why():
     rows = {r.quantity: r for r in report.rows}
     assert not report.ok
     assert rows["needs_l2"].available and rows["needs_l2"].how == "hooks"
+    autodiff = (  # cockpit-autodiff serves any model, once a per-sample loss is attached
+        "; autodiff: needs the model and a per-sample loss: call cp.attach(model, loss_fn)"
+        if "autodiff" in cp.registry.providers
+        else ""
+    )
     assert rows["needs_diag_h"].why == (
         "No installed provider computes diag_hessian for all 6 parameters (backpack: BackPACK "
-        "DiagHessian does not support '1' (LayerNorm), '2' (GELU))."
+        f"DiagHessian does not support '1' (LayerNorm), '2' (GELU){autodiff})."
     )
     assert (
         rows["needs_hvp"].available and rows["needs_hvp"].how == "autograd Hessian-vector products"

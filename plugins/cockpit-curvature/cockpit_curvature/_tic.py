@@ -23,8 +23,10 @@ from cockpit_curvature._common import (
 )
 
 _HINT = (
-    "TIC needs a curvature diagonal from BackPACK; hess_trace with method='hutchinson' and "
-    "hess_max_ev still work on this model."
+    "TIC needs a curvature diagonal: from BackPACK on the modules it supports, or from the "
+    "autodiff provider on any model (pip install cockpit-autodiff; cp.attach(model, loss_fn) "
+    "and info['inputs'], info['targets']); hess_trace with method='hutchinson' and "
+    "hess_max_ev work without either."
 )
 
 

@@ -33,8 +33,8 @@ class HessTraceConfig(QuantityConfig):
     ] = Field(
         "diag_hessian",
         description="How the trace is obtained: 'diag_hessian' (exact Hessian diagonal, "
-        "BackPACK DiagHessian; Cockpit 1.0.2's default, alias 'diag_h'), 'diag_ggn_exact' / "
-        "'diag_ggn_mc' (diagonal of the generalized Gauss-Newton matrix, exact or Monte-Carlo), "
+        "from BackPACK or, on any model, cockpit-autodiff; Cockpit 1.0.2's default, alias "
+        "'diag_h'), 'diag_ggn_exact' / 'diag_ggn_mc' (diagonal of the generalized Gauss-Newton matrix, exact or Monte-Carlo), "
         "or a randomized estimator from Hessian-vector products (any model; with error bars): "
         "'hutchinson' (Rademacher probes), 'hutchpp' (Hutch++: low-rank sketch plus "
         "Hutchinson on the rest) or 'xtrace' (XTrace: exchangeable leave-one-out Hutch++).",

@@ -1,0 +1,12 @@
+"""Entry point of cockpit-autodiff: registers the ``autodiff`` statistics provider."""
+
+from cockpit_autodiff.provider import AutodiffProvider
+from cockpit_core import hookimpl
+
+COCKPIT_PROTOCOL_VERSION = 1
+
+
+@hookimpl
+def register_statistic_providers(register):
+    """Register :class:`AutodiffProvider` (``backend="autodiff"``)."""
+    register(AutodiffProvider)

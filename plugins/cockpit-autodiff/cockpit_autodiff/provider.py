@@ -1,0 +1,341 @@
+"""The ``autodiff`` provider: exact curvature diagonals of any model, recomputed after backward.
+
+BackPACK computes curvature diagonals during the user's backward pass, but only for the
+modules it has rules for (no LayerNorm, attention, GELU, residual blocks). This provider
+needs no rules: after the user's ``backward()`` it recomputes the mean loss of the batch
+in ``info["inputs"]`` / ``info["targets"]`` with ``torch.func.functional_call`` on the
+attached model and per-sample loss (as the built-in ``func`` provider does), and
+
+- ``diag_hessian``: takes the gradient ``g = dL/dtheta`` with ``create_graph=True`` and,
+  per parameter ``p`` with ``D_p`` entries, differentiates ``g_p`` once more against blocks
+  of unit vectors ``V`` (``k x D_p``) in one batched call,
+  ``torch.autograd.grad(g_p, p, grad_outputs=V, is_grads_batched=True)``; row ``j`` of the
+  result is ``H_pp e_idx_j``, so ``H[idx_j, idx_j] = (H V)[j, idx_j]`` (Pearlmutter, 1994,
+  "Fast exact multiplication by the Hessian"). Exact, and ``D`` Hessian-vector products
+  per step (``D`` the tracked entries), ``block`` of them per backward pass.
+- ``diag_ggn_exact`` / ``diag_ggn_mc``: :func:`cockpit_autodiff.ggn_diagonal.ggn_diagonal`
+  (per-sample vector-Jacobian products with the loss Hessian's square root, or sampled
+  labels), when that module is present.
+
+Double backward, not ``torch.func.hessian``: the latter returned a wrong, asymmetric
+Hessian on LayerNorm weights (``shared/DESIGN.md`` section 4). Attention runs in the math
+kernel of ``scaled_dot_product_attention`` (the fused kernels have no double backward).
+
+Cost control: the Hessian diagonal is refused (``supports()`` says why, naming the
+estimators) when the tracked parameters have more than ``max_hvps`` entries (default
+50 000); raise the bound with ``AutodiffProvider.max_hvps = ...`` before building the
+Cockpit, or use ``hess_trace`` with ``method="hutchinson"``. It never degrades silently to
+an estimate.
+
+Under a ``torch.amp.GradScaler`` nothing needs unscaling: the loss is recomputed, so
+:attr:`~cockpit_core.Collection.loss_scale` does not enter. The ``cost`` (20) is above
+BackPACK's (5) and ``func``'s (10): ``backend="auto"`` uses BackPACK wherever it supports
+the model, this provider elsewhere. The model must give the same outputs when re-run (no
+dropout, no BatchNorm in training mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+from torch.utils._pytree import tree_flatten
+
+from cockpit_core import Collection, MissingInfoError, ParamSlot, StatisticProvider
+from cockpit_core.attention import math_attention
+from cockpit_core.errors import MisuseError
+
+try:  # written separately; until it exists the GGN kinds are declined with a reason
+    from cockpit_autodiff.ggn_diagonal import ggn_diagonal
+except ImportError:  # pragma: no cover - depends on the installed version
+    ggn_diagonal = None
+
+DEFAULT_MAX_HVPS = 50_000
+"""Largest number of tracked parameter entries whose exact Hessian diagonal is computed."""
+
+DEFAULT_BLOCK = 256
+"""Unit vectors per batched double-backward call (memory: ``block`` x the backward pass)."""
+
+GGN_KINDS = frozenset({"diag_ggn_exact", "diag_ggn_mc"})
+
+LOSSES = ("cross_entropy", "mse")
+"""Losses :func:`ggn_diagonal` knows."""
+
+
+def hvp_refusal(entries: int, limit: int) -> str:
+    """Why the exact Hessian diagonal of ``entries`` parameter entries is refused, and what to use."""
+    return (
+        f"the exact Hessian diagonal needs one Hessian-vector product per parameter entry: "
+        f"{entries:,} per tracked step, above max_hvps={limit:,}. Use an estimator: "
+        "hess_trace with method='hutchinson' (probes=S Rademacher probes, S Hessian-vector "
+        "products; expected error: standard deviation sqrt(2 (||H||_F^2 - sum_i H_ii^2) / S) "
+        "per block, at most sqrt(2/S) ||H||_F), or curvature='diag_ggn_mc' for the TIC "
+        "quantities; or raise the bound (AutodiffProvider.max_hvps = N before building the "
+        "Cockpit)"
+    )
+
+
+def hessian_diagonal(
+    loss_of: Callable[[dict[str, Tensor]], Tensor],
+    params: Mapping[str, Tensor],
+    block: int = DEFAULT_BLOCK,
+) -> dict[str, Tensor]:
+    """The exact diagonal of the Hessian of ``loss_of(params)``, per parameter.
+
+    Args:
+        loss_of: The scalar loss as a function of the parameters (a dict like ``params``).
+        params: The point, e.g. ``{name: p}`` of ``model.named_parameters()`` (detached
+            copies are differentiated; the tensors are not changed).
+        block: Unit vectors per batched double-backward call.
+
+    Returns:
+        ``{name: diagonal of d^2 loss / d p^2}``, each shaped like its parameter.
+
+    """
+    leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+    with torch.enable_grad():
+        loss = loss_of(leaves)
+        grads = torch.autograd.grad(
+            loss, list(leaves.values()), create_graph=True, allow_unused=True
+        )
+        out = {}
+        for (name, p), g in zip(leaves.items(), grads):
+            out[name] = _block_diagonal(g, p, block).view_as(p)
+    return out
+
+
+def _block_diagonal(g: Tensor | None, p: Tensor, block: int) -> Tensor:
+    """``diag(d g / d p)`` by batched products with blocks of unit vectors."""
+    size = p.numel()
+    diag = torch.zeros(size, dtype=p.dtype, device=p.device)
+    if g is None or not g.requires_grad:  # the loss is at most linear in p
+        return diag
+    block = max(1, int(block))
+    for start in range(0, size, block):
+        k = min(block, size - start)
+        rows = torch.arange(k, device=p.device)
+        cols = rows + start
+        units = torch.zeros(k, size, dtype=p.dtype, device=p.device)
+        units[rows, cols] = 1
+        try:
+            (hv,) = torch.autograd.grad(
+                g,
+                p,
+                grad_outputs=units.view(k, *p.shape),
+                is_grads_batched=True,
+                retain_graph=True,
+                allow_unused=True,
+            )
+        except RuntimeError:  # an operation without a vmap rule in its backward: one by one
+            hv = torch.stack([_one_hvp(g, p, u.view_as(p)) for u in units])
+        if hv is not None:
+            diag[start : start + k] = hv.reshape(k, size)[rows, cols].detach()
+    return diag
+
+
+def _one_hvp(g: Tensor, p: Tensor, v: Tensor) -> Tensor:
+    (hv,) = torch.autograd.grad(g, p, grad_outputs=v, retain_graph=True, allow_unused=True)
+    return torch.zeros_like(p) if hv is None else hv
+
+
+def loss_name(loss_fn: Any) -> str | None:
+    """``"cross_entropy"`` or ``"mse"`` for a per-sample loss cockpit can name, else ``None``.
+
+    Recognized: ``nn.CrossEntropyLoss``/``nn.MSELoss`` modules, ``F.cross_entropy`` /
+    ``F.mse_loss`` (also in a ``functools.partial``), and callables (or the objects of bound
+    methods) with an attribute ``loss`` set to one of the names (e.g.
+    ``cockpit_core.testing.Problem.individual_losses``).
+    """
+    if isinstance(loss_fn, torch.nn.CrossEntropyLoss):
+        return "cross_entropy"
+    if isinstance(loss_fn, torch.nn.MSELoss):
+        return "mse"
+    fn = getattr(loss_fn, "func", loss_fn)
+    if fn is F.cross_entropy:
+        return "cross_entropy"
+    if fn is F.mse_loss:
+        return "mse"
+    for owner in (loss_fn, getattr(loss_fn, "__self__", None)):
+        name = getattr(owner, "loss", None)
+        if isinstance(name, str) and name in LOSSES:
+            return name
+    return None
+
+
+class AutodiffProvider(StatisticProvider):
+    """Exact curvature diagonals of any model, from a loss recomputed after ``backward``.
+
+    Needs ``cp.attach(model, loss_fn)`` (a per-sample loss) and the batch in
+    ``info["inputs"]`` and ``info["targets"]``. Class attributes (defaults; a Cockpit's
+    provider options of the same names take precedence):
+
+    Attributes:
+        max_hvps: Largest number of tracked parameter entries (= Hessian-vector products
+            per step) for which ``diag_hessian`` is computed; above it ``supports()``
+            declines and names the estimators.
+        block: Unit vectors per batched double-backward call (memory grows linearly).
+
+    """
+
+    name = "autodiff"
+    cost = 20.0
+    description = (
+        "autodiff: exact Hessian/GGN diagonals of any model, recomputed after backward "
+        "(one Hessian-vector product per parameter entry)"
+    )
+    kinds = frozenset({"diag_hessian", "diag_ggn_exact", "diag_ggn_mc"})
+    recomputes = True
+    max_hvps: int = DEFAULT_MAX_HVPS
+    block: int = DEFAULT_BLOCK
+
+    def _option(self, key: str) -> int:
+        value = self.options.get(key)
+        return int(getattr(type(self), key) if value is None else value)
+
+    @property
+    def hvp_limit(self) -> int:
+        """``max_hvps`` of this instance."""
+        return self._option("max_hvps")
+
+    def attach(self, model: torch.nn.Module, loss_fn: Any = None) -> None:  # noqa: D102
+        super().attach(model, loss_fn)
+        self._named: dict[int, str] | None = None
+
+    def _names(self) -> dict[int, str]:
+        """``id(param) -> name`` in the attached model."""
+        if self.model is None:
+            return {}
+        if getattr(self, "_named", None) is None:
+            self._named = {id(p): n for n, p in self.model.named_parameters()}
+        return self._named
+
+    def hessian_entries(self) -> int:
+        """Tracked entries of the attached model whose Hessian diagonal would be computed."""
+        names = self._names()
+        return sum(p.numel() for p in self.params if id(p) in names and p.requires_grad)
+
+    def supports(self, slot: ParamSlot, kind: Any) -> str | None:
+        """Every parameter of an attached model, within ``max_hvps`` (Hessian) or a known loss (GGN)."""
+        if self.model is None or self.loss_fn is None:
+            return "needs the model and a per-sample loss: call cp.attach(model, loss_fn)"
+        if id(slot.param) not in self._names():
+            return "the parameter is not one of the attached model's"
+        if kind == "diag_hessian":
+            entries = self.hessian_entries()
+            if entries > self.hvp_limit:
+                return hvp_refusal(entries, self.hvp_limit)
+            return None
+        if kind in GGN_KINDS:
+            if ggn_diagonal is None:
+                return "cockpit_autodiff.ggn_diagonal is not available in this installation"
+            if loss_name(self.loss_fn) is None:
+                return (
+                    "the GGN needs the loss's Hessian: attach nn.CrossEntropyLoss or "
+                    "nn.MSELoss (reduction='none') or F.cross_entropy as loss_fn"
+                )
+            return None
+        return f"the autodiff provider does not compute {kind}"
+
+    @contextlib.contextmanager
+    def collect(self, collection: Collection) -> Iterator[None]:
+        """Check the batch is in ``info``; compute the diagonals once ``backward`` returned."""
+        if collection.statistics:
+            self._check_ready(collection)
+        yield
+        for stat in collection.statistics:
+            served = [
+                i
+                for i in sorted(collection.targets[stat.identity])
+                if self.params[i].grad is not None
+            ]
+            if not served:
+                continue
+            try:
+                values = self._compute(stat, served, collection.info)
+            except Exception as err:  # never break the user's training: report, go on
+                text = f"{type(err).__name__}: {err}".splitlines()[0]
+                collection.fail(
+                    stat,
+                    f"the 'autodiff' provider could not compute {stat.describe()} ({text}). "
+                    "Check that loss_fn(model(inputs), targets) runs again on info['inputs'] "
+                    "and is twice differentiable.",
+                )
+                continue
+            if isinstance(values, str):
+                collection.fail(stat, values)
+                continue
+            for i in served:
+                collection.store(stat, i, values[i])
+
+    def _check_ready(self, collection: Collection) -> None:
+        if self.model is None or self.loss_fn is None:
+            raise MisuseError(
+                "The autodiff provider recomputes the loss from the model and a per-sample "
+                "loss: call cp.attach(model, loss_fn) before training, e.g. "
+                "cp.attach(model, torch.nn.CrossEntropyLoss(reduction='none'))."
+            )
+        if "inputs" not in collection.info:
+            raise MissingInfoError(
+                "Curvature diagonals of the attached model are recomputed by the 'autodiff' "
+                "provider, which needs the batch: pass info={'inputs': x, 'targets': y, ...} "
+                "to cp(step, info=...)."
+            )
+
+    def _compute(self, stat: Any, served: list[int], info: Mapping[str, Any]) -> Any:
+        """``{index: value}`` for ``served``, or a message saying why not."""
+        model, loss_fn = self.model, self.loss_fn
+        assert model is not None
+        names = self._names()
+        tracked = {names[id(self.params[i])]: self.params[i] for i in served}
+        inputs, targets = info["inputs"], info.get("targets")
+        if stat.kind == "diag_hessian":
+            entries = sum(p.numel() for p in tracked.values())
+            if entries > self.hvp_limit:
+                return hvp_refusal(entries, self.hvp_limit)
+            const = {n: p.detach() for n, p in model.named_parameters() if n not in tracked}
+            const.update(dict(model.named_buffers()))
+            batch = _batch_length(inputs)
+            args, kwargs = _as_call(inputs)
+
+            def mean_loss(theta: dict[str, Tensor]) -> Tensor:
+                out = functional_call(model, {**theta, **const}, args, kwargs)
+                losses = loss_fn(out) if targets is None else loss_fn(out, targets)
+                # per-sample losses [B]; an elementwise loss ([B, ...]) is averaged per sample
+                return losses.reshape(batch, -1).mean(1).sum() / batch
+
+            with math_attention():
+                diag = hessian_diagonal(mean_loss, tracked, self._option("block"))
+        else:
+            if ggn_diagonal is None:
+                return "cockpit_autodiff.ggn_diagonal is not available in this installation"
+            loss = loss_name(loss_fn)
+            if loss is None:
+                return "the GGN needs a loss cockpit can name (cross-entropy or MSE)"
+            mc = dict(stat.options).get("mc_samples", 1) if stat.kind == "diag_ggn_mc" else None
+            detached = {n: p.detach() for n, p in tracked.items()}
+            with math_attention():
+                diag = ggn_diagonal(model, detached, inputs, targets, loss, mc_samples=mc)
+        return {i: diag[names[id(self.params[i])]].detach() for i in served}
+
+
+def _batch_length(inputs: Any) -> int:
+    leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, Tensor)]
+    if not leaves or leaves[0].dim() == 0:
+        raise MisuseError(
+            "info['inputs'] must be the model's input batch: a tensor with the batch on "
+            "dimension 0, or a tuple/list (positional) or dict (keyword) of such tensors."
+        )
+    return int(leaves[0].shape[0])
+
+
+def _as_call(x: Any) -> tuple[tuple, dict]:
+    if isinstance(x, dict):
+        return (), x
+    if isinstance(x, (tuple, list)):
+        return tuple(x), {}
+    return (x,), {}
