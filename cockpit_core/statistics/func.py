@@ -165,7 +165,7 @@ class FuncProvider(StatisticProvider):
 
         def sample_loss(theta: dict[str, Tensor], x: Any, y: Any) -> Tensor:
             x1 = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) else t, x)
-            args, kwargs = _as_call(x1)
+            args, kwargs = as_call(x1)
             out = functional_call(model, {**theta, **const}, args, kwargs)
             if y is None:
                 return loss_fn(out).sum()
@@ -204,7 +204,8 @@ class FuncProvider(StatisticProvider):
         return out
 
 
-def _as_call(x: Any) -> tuple[tuple, dict]:
+def as_call(x: Any) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` to call a model with its inputs ``x`` (a tensor, tuple/list or dict)."""
     if isinstance(x, dict):
         return (), x
     if isinstance(x, (tuple, list)):

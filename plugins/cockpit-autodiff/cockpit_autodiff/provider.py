@@ -44,11 +44,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
-from torch.utils._pytree import tree_flatten
 
 from cockpit_core import Collection, MissingInfoError, ParamSlot, StatisticProvider
 from cockpit_core.attention import math_attention
 from cockpit_core.errors import MisuseError
+from cockpit_core.statistics.func import as_call, batch_length
 
 try:  # written separately; until it exists the GGN kinds are declined with a reason
     from cockpit_autodiff.ggn_diagonal import ggn_diagonal
@@ -299,8 +299,8 @@ class AutodiffProvider(StatisticProvider):
                 return hvp_refusal(entries, self.hvp_limit)
             const = {n: p.detach() for n, p in model.named_parameters() if n not in tracked}
             const.update(dict(model.named_buffers()))
-            batch = _batch_length(inputs)
-            args, kwargs = _as_call(inputs)
+            batch = batch_length(inputs)
+            args, kwargs = as_call(inputs)
 
             def mean_loss(theta: dict[str, Tensor]) -> Tensor:
                 out = functional_call(model, {**theta, **const}, args, kwargs)
@@ -321,21 +321,3 @@ class AutodiffProvider(StatisticProvider):
             with math_attention():
                 diag = ggn_diagonal(model, detached, inputs, targets, loss, mc_samples=mc)
         return {i: diag[names[id(self.params[i])]].detach() for i in served}
-
-
-def _batch_length(inputs: Any) -> int:
-    leaves = [t for t in tree_flatten(inputs)[0] if isinstance(t, Tensor)]
-    if not leaves or leaves[0].dim() == 0:
-        raise MisuseError(
-            "info['inputs'] must be the model's input batch: a tensor with the batch on "
-            "dimension 0, or a tuple/list (positional) or dict (keyword) of such tensors."
-        )
-    return int(leaves[0].shape[0])
-
-
-def _as_call(x: Any) -> tuple[tuple, dict]:
-    if isinstance(x, dict):
-        return (), x
-    if isinstance(x, (tuple, list)):
-        return tuple(x), {}
-    return (x,), {}
