@@ -1,5 +1,6 @@
-"""cockpit-tensorboard: a sink that writes every tracked value to TensorBoard event files."""
+"""cockpit-tensorboard: a sink that writes curated cockpit tags to TensorBoard event files."""
 
 from cockpit_tensorboard.sink import TensorBoardConfig, TensorBoardSink
+from cockpit_tensorboard.tags import TagMap
 
-__all__ = ["TensorBoardConfig", "TensorBoardSink"]
+__all__ = ["TagMap", "TensorBoardConfig", "TensorBoardSink"]

@@ -13,5 +13,8 @@ def register_sinks(register):
         "tensorboard",
         TensorBoardSink,
         config=TensorBoardConfig,
-        description="Scalars and histograms of every tracked value, as TensorBoard events.",
+        description=(
+            "Curated TensorBoard events: cockpit/ scalars, the 1-D gradient histogram, "
+            "the dashboard as an image."
+        ),
     )

@@ -1,37 +1,39 @@
-"""The TensorBoard sink: cockpit records -> TensorBoard scalars, histograms and text.
+"""The TensorBoard sink: cockpit records -> curated TensorBoard scalars, histograms, images.
 
-How values map to TensorBoard (tags are the quantity keys):
+Values become tags as described in :mod:`cockpit_tensorboard.tags` (``cockpit/loss``,
+``cockpit/grad_norm/total``, ``cockpit/grad_norm/<param>``, the histogram
+``cockpit/grad_hist_1d``, ...). Besides:
 
-* a number -> scalar ``key``;
-* ``{"total": x, "per_param": [...]}`` -> scalar ``key/total`` and, with ``per_param``,
-  one scalar per parameter ``key/<param name>``; other numeric fields -> ``key/<field>``;
-* ``{"hist": counts, "edges": edges, ...}`` (1-D) -> a histogram built from the bin
-  counts (no re-binning), and with ``per_param`` counts ``[P, bins]`` one per parameter
-  ``key/<param name>``; other numeric fields -> scalars ``key/<field>``. 2-D histograms
-  (``x_edges``/``y_edges``) have no TensorBoard form: only their scalar fields are written;
-* any other 1-D or larger numeric array or list -> a histogram of its values;
-* metrics of ``cp.log(step, name=value)`` -> scalar ``metrics/<name>``;
-* the header -> text ``cockpit/header``; error records -> text ``cockpit/errors``;
-  quantities added with ``cp.add`` -> text ``cockpit/quantities_added``. Records of other
-  kinds are ignored.
+* metrics of ``cp.log(step, name=value)`` -> scalars ``cockpit/metrics/<name>``;
+* the dashboard -> image ``cockpit/dashboard`` every ``image_every`` steps and at the end;
+* the header -> text ``cockpit/header``; error records -> text ``cockpit/errors``; skipped
+  steps -> text ``cockpit/skipped``; quantities added with ``cp.add`` -> text
+  ``cockpit/quantities_added``. Records of other kinds are ignored.
 
-NaN and inf scalars are written as they are (TensorBoard shows them as gaps/markers);
-non-finite elements are dropped from histograms.
+Wall time is not a scalar: every TensorBoard event carries its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from cockpit_core import CockpitWarning
+from cockpit_tensorboard.dashboard_image import DashboardImages
+from cockpit_tensorboard.tags import Histogram, Scalar, TagMap
+
 INSTALL_HINT = (
     "The cockpit TensorBoard sink needs the 'tensorboard' package, which is not installed. "
     "Install it with: pip install tensorboard  (or: pip install cockpit-tensorboard)."
 )
+DEFAULT_LOG_DIR = "runs/tensorboard"
+WRITER_METHODS = ("add_scalar", "add_histogram_raw", "add_image", "add_text", "flush")
 
 
 class TensorBoardConfig(BaseModel):
@@ -40,12 +42,26 @@ class TensorBoardConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     log_dir: str = Field(
-        "runs/tensorboard", description="Folder of the event files (tensorboard --logdir ...)."
+        DEFAULT_LOG_DIR, description="Folder of the event files (tensorboard --logdir ...)."
     )
+    prefix: str = Field(
+        "cockpit", description="First part of every tag ('' for none), e.g. 'cockpit/loss'."
+    )
+    image_every: int = Field(
+        0,
+        ge=0,
+        description="Write the dashboard as an image every N steps and at the end; 0: never.",
+    )
+    image_dpi: int = Field(60, ge=10, le=300, description="Resolution of the dashboard image.")
     flush_secs: int = Field(10, ge=1, description="Seconds between flushes of the event file.")
-    histograms: bool = Field(True, description="Write arrays and binned histograms.")
+    histograms: bool = Field(True, description="Write 1-D histograms (grad_hist_1d).")
     per_param: bool = Field(
-        True, description="Write one scalar per parameter for per-parameter values."
+        True, description="Write one tag per parameter for per-parameter values."
+    )
+    per_param_max: int = Field(
+        32,
+        ge=0,
+        description="Write per-parameter tags only for runs with at most this many parameters.",
     )
 
 
@@ -58,132 +74,121 @@ def _summary_writer() -> Any:
 
 
 class TensorBoardSink:
-    """A cockpit sink writing TensorBoard events; build it with the options of the config.
+    """A cockpit sink writing TensorBoard events into its own or the user's ``SummaryWriter``.
 
     Args:
-        log_dir: Folder of the event files.
-        flush_secs: Seconds between flushes.
-        histograms: Write arrays and binned histograms.
-        per_param: One scalar per parameter for ``{"total", "per_param"}`` values.
+        log_dir: Folder of the event files of a writer the sink opens (and closes).
+            Default ``runs/tensorboard``.
+        writer: An open ``SummaryWriter`` (or one with the same methods) to write into
+            instead, e.g. the training script's own, so cockpit's tags land in that run.
+            The sink flushes it but never closes it. Not together with ``log_dir``.
+        prefix: First part of every tag (``""`` for none).
+        image_every: Dashboard image every N steps and at the end (0: never).
+        image_dpi: Resolution of the dashboard image.
+        flush_secs: Seconds between flushes of a writer the sink opens.
+        histograms: Write 1-D histograms.
+        per_param: Write per-parameter tags.
+        per_param_max: Only for runs that track at most this many parameters.
 
     Raises:
         ImportError: ``tensorboard`` is not installed (the message says what to install).
+        ValueError: Both ``log_dir`` and ``writer``, or an option out of range.
+        TypeError: ``writer`` lacks a method the sink calls.
 
     """
 
     def __init__(
         self,
-        log_dir: str = "runs/tensorboard",
+        log_dir: str | os.PathLike | None = None,
+        *,
+        writer: Any = None,
+        prefix: str = "cockpit",
+        image_every: int = 0,
+        image_dpi: int = 60,
         flush_secs: int = 10,
         histograms: bool = True,
         per_param: bool = True,
+        per_param_max: int = 32,
     ):
-        self.writer = _summary_writer()(log_dir=str(log_dir), flush_secs=flush_secs)
-        self.log_dir = str(log_dir)
-        self.histograms = histograms
-        self.per_param = per_param
-        self.param_names: list[str] = []
+        if writer is not None and log_dir is not None:
+            raise ValueError("TensorBoardSink: give log_dir or writer, not both.")
+        options = TensorBoardConfig(
+            log_dir=str(log_dir if log_dir is not None else DEFAULT_LOG_DIR),
+            prefix=prefix,
+            image_every=image_every,
+            image_dpi=image_dpi,
+            flush_secs=flush_secs,
+            histograms=histograms,
+            per_param=per_param,
+            per_param_max=per_param_max,
+        )
+        if writer is None:
+            self.writer = _summary_writer()(log_dir=options.log_dir, flush_secs=flush_secs)
+            self.owns_writer = True
+        else:
+            missing = [m for m in WRITER_METHODS if not callable(getattr(writer, m, None))]
+            if missing:
+                raise TypeError(
+                    f"TensorBoardSink: writer {writer!r} has no {', '.join(missing)}; "
+                    "pass a torch.utils.tensorboard.SummaryWriter."
+                )
+            self.writer = writer
+            self.owns_writer = False
+        self.log_dir = str(getattr(self.writer, "log_dir", options.log_dir))
+        self.tags = TagMap(options.prefix, per_param, per_param_max, histograms)
+        self.images = DashboardImages(image_every, image_dpi) if image_every else None
+        self._closed = False
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         """Write one cockpit record."""
         kind = record.get("kind")
+        step = int(record.get("step", 0) or 0)
         if kind == "header":
-            self.param_names = [str(p.get("name")) for p in record.get("params", [])]
-            text = json.dumps({k: v for k, v in record.items() if k != "kind"}, default=str)
-            self.writer.add_text("cockpit/header", f"```\n{text}\n```", 0)
+            self.tags.header(record)
+            self._header_text(record)
         elif kind == "values":
-            step = int(record["step"])
-            for key, value in record["values"].items():
-                self._value(str(key), value, step)
+            for event in self.tags.values(record["values"]):
+                self._write(event, step)
         elif kind == "metrics":
-            step = int(record["step"])
             for name, value in record["metrics"].items():
                 if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-                    self.writer.add_scalar(f"metrics/{name}", float(value), step)
+                    self.writer.add_scalar(self.tags.tag("metrics", str(name)), float(value), step)
         elif kind == "quantity_added":
             quantity = record.get("quantity") or {}
-            self.writer.add_text(
-                "cockpit/quantities_added",
-                f"{quantity.get('key')}: tracked from step {record.get('step')}",
-                int(record.get("step", 0)),
-            )
+            self.tags.quantity_added(quantity)
+            self._text("quantities_added", f"{quantity.get('key')}: tracked from step {step}", step)
         elif kind == "error":
-            self.writer.add_text(
-                "cockpit/errors",
-                f"{record.get('quantity')}: {record.get('error')}",
-                int(record.get("step", 0)),
+            self._text("errors", f"{record.get('quantity')}: {record.get('error')}", step)
+        elif kind == "skipped":
+            self._text("skipped", f"{record.get('quantities')}: {record.get('reason')}", step)
+        if self.images is not None:
+            due = self.images.add(record)
+            if due is not None:
+                self._image(due)
+
+    def _header_text(self, record: Mapping[str, Any]) -> None:
+        text = json.dumps({k: v for k, v in record.items() if k != "kind"}, default=str)
+        params = len(self.tags.param_names)
+        if self.tags.per_param and not self.tags.writes_per_param:
+            text += (
+                f"\n\nper-parameter tags: off ({params} parameters > per_param_max="
+                f"{self.tags.per_param_max})"
             )
+        self._text("header", f"```\n{text}\n```", 0)
 
-    def _value(self, tag: str, value: Any, step: int) -> None:
-        if value is None or isinstance(value, str):
-            return
-        if isinstance(value, (bool, int, float, np.number)):
-            self.writer.add_scalar(tag, float(value), step)
-            return
-        if isinstance(value, Mapping):
-            if "hist" in value:
-                self._histogram_dict(tag, value, step)
-                return
-            for field, sub in value.items():
-                if field == "per_param":
-                    if self.per_param:
-                        self._per_param(tag, sub, step)
-                else:
-                    self._value(f"{tag}/{field}", sub, step)
-            return
-        array = np.asarray(value, dtype=object if isinstance(value, list) else None)
-        if array.dtype == object:
-            try:
-                array = np.asarray(value, dtype=float)
-            except (TypeError, ValueError):  # ragged lists: one entry per parameter
-                for i, sub in enumerate(value):
-                    self._value(f"{tag}/{self._pname(i)}", sub, step)
-                return
-        if array.ndim == 0:
-            self.writer.add_scalar(tag, float(array), step)
-        elif self.histograms:
-            finite = array[np.isfinite(array)] if array.dtype.kind in "fc" else array
-            if finite.size:
-                self.writer.add_histogram(tag, finite.astype(float).ravel(), step)
+    def _text(self, name: str, text: str, step: int) -> None:
+        self.writer.add_text(self.tags.tag(name), text, step)
 
-    def _pname(self, i: int) -> str:
-        return self.param_names[i] if i < len(self.param_names) else f"param_{i}"
-
-    def _per_param(self, tag: str, values: Any, step: int) -> None:
-        array = np.asarray(values, dtype=float)
-        if array.ndim > 1:  # per-parameter arrays (not one number per parameter)
-            for i, row in enumerate(array):
-                self._value(f"{tag}/{self._pname(i)}", row, step)
+    def _write(self, event: Scalar | Histogram, step: int) -> None:
+        if isinstance(event, Scalar):
+            self.writer.add_scalar(event.tag, event.value, step)
             return
-        for i, v in enumerate(np.atleast_1d(array)):
-            self.writer.add_scalar(f"{tag}/{self._pname(i)}", float(v), step)
-
-    def _histogram_dict(self, tag: str, value: Mapping[str, Any], step: int) -> None:
-        """A histogram quantity: ``hist`` + ``edges`` (1-D) or ``x_edges``/``y_edges`` (2-D)."""
-        counts = np.asarray(value["hist"])
-        edges = value.get("edges")
-        if edges is not None and counts.ndim == 1:
-            self._binned(tag, counts, edges, step)
-            per = value.get("per_param")
-            if self.per_param and per is not None and np.ndim(per) == 2:
-                for i, row in enumerate(np.asarray(per)):
-                    self._binned(f"{tag}/{self._pname(i)}", row, edges, step)
-        # 2-D histograms have no TensorBoard equivalent; their scalars are still written
-        skip = {"hist", "edges", "x_edges", "y_edges", "per_param"}
-        for field, sub in value.items():
-            if field not in skip:
-                self._value(f"{tag}/{field}", sub, step)
-
-    def _binned(self, tag: str, counts: Any, edges: Any, step: int) -> None:
-        counts = np.asarray(counts, dtype=float)
-        edges = np.asarray(edges, dtype=float)
-        if not self.histograms or counts.ndim != 1 or edges.shape != (counts.size + 1,):
-            return
-        if counts.sum() <= 0 or not np.isfinite(edges).all():
+        counts, edges = event.counts, event.edges
+        if counts.sum() <= 0:  # nothing binned: TensorBoard has no empty histogram
             return
         centers = (edges[1:] + edges[:-1]) / 2
         self.writer.add_histogram_raw(
-            tag,
+            event.tag,
             min=float(edges[0]),
             max=float(edges[-1]),
             num=float(counts.sum()),
@@ -194,13 +199,38 @@ class TensorBoardSink:
             global_step=step,
         )
 
+    def _image(self, step: int) -> None:
+        """Write the dashboard; a failure turns images off (with a warning), not the sink."""
+        assert self.images is not None
+        try:
+            image = self.images.image()
+        except Exception as err:  # plugin panels or matplotlib: keep writing the scalars
+            self.images = None
+            warnings.warn(
+                f"cockpit: the tensorboard sink could not render the dashboard ({err}; "
+                f"{type(err).__name__}); it writes no more images.",
+                CockpitWarning,
+                stacklevel=2,
+            )
+            return
+        self.writer.add_image(self.tags.tag("dashboard"), image, step, dataformats="HWC")
+
     def flush(self) -> None:
         """Write pending events to disk."""
         self.writer.flush()
 
     def close(self) -> None:
-        """Flush and close the event file."""
-        self.writer.close()
+        """Write the last dashboard image, flush, and close the writer if the sink opened it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.images is not None:
+            step = self.images.final_step()
+            if step is not None:
+                self._image(step)
+        self.writer.flush()
+        if self.owns_writer:
+            self.writer.close()
 
     def __repr__(self) -> str:
         return f"TensorBoardSink(log_dir={self.log_dir!r})"
