@@ -9,17 +9,74 @@ Sub-commands::
     cockpit check MODULE:FUNCTION   which quantities can be computed for a model, and how
     cockpit demo [...]              train a small model with cockpit on (the main demo)
     cockpit plot LOG [-o OUT]       render the dashboard of a log (.png, .svg or .pdf)
+    cockpit new-plugin NAME [...]   generate a plugin distribution (cockpit_core.scaffold)
+    cockpit --version               the installed cockpit-core version
+
+Start-up: this module imports only the standard library and :mod:`cockpit_core.errors`;
+each sub-command imports what it needs inside its function, so ``--help`` and
+``--version`` load neither torch nor the plugins (the package ``__init__`` aside).
+``benchmarks/cli_startup.py`` measures it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cockpit_core.errors import CockpitError
+
+BROKEN_PIPE_EXIT = 141
+"""Exit code when standard output is closed early (``cockpit quantities | head -1``):
+128 + SIGPIPE, what a shell reports for a process that a closed pipe ends."""
+
+
+def installed_version() -> str:
+    """The version of the installed ``cockpit-core`` distribution (``0+unknown`` if none)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("cockpit-core")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0+unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's, but reads the version only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None):
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"cockpit {installed_version()}")
+        parser.exit()
+
+
+def _positive_int(text: str) -> int:
+    """``type`` of a count that must be at least 1 (``--steps``, ``--rows``, ``--dpi``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _model_spec(text: str) -> str:
+    """``type`` of ``cockpit check``'s model: ``module:function`` or ``file.py:function``."""
+    module, _, function = text.rpartition(":")
+    if not module or not function:
+        raise argparse.ArgumentTypeError(
+            f"expected 'module:function' or 'path/to/file.py:function', got {text!r}"
+        )
+    return text
 
 
 def _type_name(annotation: Any) -> str:
@@ -241,8 +298,32 @@ def _names(spec: str) -> list[str]:
     return [name.strip() for name in spec.split(",") if name.strip()]
 
 
+@contextlib.contextmanager
+def _current_directory_importable() -> Iterator[None]:
+    """Let ``module:function`` name a module of the current directory, as ``python -m`` does.
+
+    The ``cockpit`` console script puts its own folder (``.venv/bin``) first on
+    ``sys.path``, not the current directory; the entry is removed again afterwards.
+    """
+    cwd = os.getcwd()
+    if "" in sys.path or cwd in sys.path:
+        yield
+        return
+    sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(cwd)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Report which quantities can be computed for a model."""
+    with _current_directory_importable():
+        return _check(args)
+
+
+def _check(args: argparse.Namespace) -> int:
     from cockpit_core.cockpit import Cockpit
 
     model = load_model_factory(args.model)()
@@ -278,21 +359,51 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo training."""
-    from cockpit_core.demo import run_demo
+    """Run the demo training; an unknown preset or quantity is a usage error (exit 2)."""
+    from cockpit_core.demo import demo_quantities, run_demo
 
+    try:
+        demo_quantities(args.preset)
+    except ValueError as err:  # ConfigError: the message names the installed ones
+        messages = [message for _, message in getattr(err, "errors", ())] or [str(err)]
+        args.usage_error(f"argument --preset: {' '.join(messages)}")
     run_demo(preset=args.preset, steps=args.steps, out=args.out, seed=args.seed)
+    return 0
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    """Generate a plugin distribution (:func:`cockpit_core.scaffold.new_plugin`)."""
+    from cockpit_core.scaffold import new_plugin, next_steps
+
+    target = new_plugin(
+        args.name,
+        args.dir,
+        with_instrument=args.with_instrument,
+        with_provider=args.with_provider,
+    )
+    print(next_steps(target))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``cockpit`` command."""
     parser = argparse.ArgumentParser(
-        prog="cockpit", description="A visual and statistical debugger for PyTorch training."
+        prog="cockpit",
+        description="A visual and statistical debugger for PyTorch training.",
+        epilog="Run `cockpit COMMAND --help` for what a command does and its options.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the cockpit-core version and exit"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("plugins", help="list installed plugins and load errors")
+    p = sub.add_parser(
+        "plugins",
+        help="list installed plugins and load errors",
+        description="List the installed cockpit plugins (distributions with a `cockpit` entry "
+        "point), each with its version, its state (ok, or SKIPPED with the reason) and what it "
+        "registers, then name conflicts between plugins.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "-v",
@@ -302,18 +413,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_plugins)
 
-    p = sub.add_parser("quantities", help="list installed quantities and their options")
+    p = sub.add_parser(
+        "quantities",
+        help="list installed quantities and their options",
+        description="List every installed quantity with its distribution, a one-line summary "
+        "and its options (name, default, type, description), then the presets and their "
+        "members.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_quantities)
 
-    p = sub.add_parser("schema", help="print the JSON schema of config files")
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON schema of config files",
+        description="Print the JSON schema of cockpit config files, built from the installed "
+        "quantities and sinks; point an editor at it for completion and checks "
+        "(cockpit schema > cockpit.schema.json).",
+    )
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser(
-        "check", help="list which quantities can be computed for a model (exit 1 if any cannot)"
+        "check",
+        help="list which quantities can be computed for a model (exit 1 if any cannot)",
+        description="Build the model that FUNCTION returns and report, for each quantity, "
+        "whether it can be computed and which statistics provider serves each parameter. "
+        "MODULE is a module importable from the current directory or a path to a .py file, "
+        "e.g. cockpit check models.py:make_model --loss cross_entropy. Exit code 0 if every "
+        "quantity can be computed, 1 if not.",
     )
     p.add_argument(
-        "model", help="'module:function' or 'path/to/file.py:function' returning the model"
+        "model",
+        type=_model_spec,
+        metavar="MODULE:FUNCTION",
+        help="'module:function' or 'path/to/file.py:function' returning the model",
     )
     p.add_argument("--quantities", default="economy", help="preset or comma-separated names")
     p.add_argument("--config", default=None, help="config file naming the quantities instead")
@@ -332,22 +464,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("validate", help="check a config file (exit 0 if valid, 1 if not)")
+    p = sub.add_parser(
+        "validate",
+        help="check a config file (exit 0 if valid, 1 if not)",
+        description="Check a config file without training: the checks of "
+        "Cockpit.from_config (quantity names, options, sinks), every problem with its field "
+        "path. Exit code 0 if the file is valid, 1 if not.",
+    )
     p.add_argument("config", help="path of a .toml, .yaml/.yml or .json config file")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser(
-        "demo", help="train a small network on the bundled digits data with cockpit on"
+        "demo",
+        help="train a small network on the bundled digits data with cockpit on",
+        description="Train a 64-32-10 MLP on scikit-learn's bundled 8x8 digits (nothing is "
+        "downloaded) with cockpit tracking the chosen quantities, and write the log, "
+        "output.json and the dashboard picture into a run folder. Progress goes to standard "
+        "error: a bar on a terminal, otherwise a line at every tenth of the run. Needs "
+        "scikit-learn: pip install 'cockpit-core[demo]'.",
     )
     p.add_argument(
         "--preset", default="economy", help="preset or comma-separated quantities (default economy)"
     )
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--steps", type=_positive_int, default=300, help="training steps (default 300)")
     p.add_argument("--out", default=None, help="run folder (default runs/demo-<time>)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("plot", help="render the dashboard of a log (.jsonl or .json)")
+    p = sub.add_parser(
+        "plot",
+        help="render the dashboard of a log (.jsonl or .json)",
+        description="Render the dashboard of a log written by a Cockpit (log=... writes "
+        ".jsonl, cp.write(...) .json) into a .png, .svg or .pdf picture.",
+    )
     p.add_argument("log", help="a log written with log=... (.jsonl) or cp.write(...) (.json)")
     p.add_argument(
         "-o",
@@ -356,17 +505,61 @@ def build_parser() -> argparse.ArgumentParser:
         help="picture to write: .png, .svg or .pdf (default: dashboard.png next to the log)",
     )
     p.add_argument("--title", default=None, help="figure title (default: a run summary)")
-    p.add_argument("--rows", type=int, default=4, help="panels per column (default 4)")
-    p.add_argument("--dpi", type=int, default=100, help="resolution of .png output")
+    p.add_argument("--rows", type=_positive_int, default=4, help="panels per column (default 4)")
+    p.add_argument("--dpi", type=_positive_int, default=100, help="resolution of .png output")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser(
+        "new-plugin",
+        help="generate a plugin distribution with a quantity and its tests",
+        description="Generate the distribution cockpit-NAME in a new folder: pyproject.toml "
+        "with the entry point, the plugin's hooks, a quantity with its options, tests that use "
+        "the conformance kit, and a README; optionally a dashboard panel and a statistics "
+        "provider.",
+    )
+    p.add_argument("name", help="plugin name, e.g. grad_stats (makes cockpit-grad-stats)")
+    p.add_argument("--dir", default=".", help="where to create its folder (default: here)")
+    p.add_argument(
+        "--with-instrument", action="store_true", help="add a dashboard panel for the quantity"
+    )
+    p.add_argument(
+        "--with-provider", action="store_true", help="add a statistics provider (a sample loop)"
+    )
+    p.set_defaults(func=cmd_new_plugin)
+    for command in sub.choices.values():  # a command's own check of its arguments: exit 2
+        command.set_defaults(usage_error=command.error)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``cockpit`` console script."""
+    """Entry point of the ``cockpit`` console script.
+
+    Returns the exit code: 0 success, 1 a failed check or an error (a message, no
+    traceback), 2 invalid arguments (from argparse), 130 interrupted, and
+    :data:`BROKEN_PIPE_EXIT` when standard output is closed early, silently.
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:  # also after --help: a closed pipe fails here, not at interpreter exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return BROKEN_PIPE_EXIT
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, so the final flush at exit cannot fail."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no file descriptor
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except BrokenPipeError:
+        raise
     except CockpitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

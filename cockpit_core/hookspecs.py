@@ -7,7 +7,17 @@ A plugin is a module (or object) named by an entry point in the group ``cockpit`
 
 Its hook implementations are functions decorated with :data:`hookimpl` whose names match
 the specs below. Each hook receives a ``register`` callback; the core validates what is
-registered and reports name collisions, naming both distributions.
+registered and reports name collisions, naming both distributions. The callbacks are typed
+by the protocols :class:`RegisterQuantity`, :class:`RegisterPreset`,
+:class:`RegisterInstrument`, :class:`RegisterSink`, :class:`RegisterStatisticProvider` and
+:class:`RegisterStatisticKind`, so a type checker verifies a plugin's calls::
+
+    @hookimpl
+    def register_quantities(register: RegisterQuantity) -> None:
+        register(MyQuantity)
+
+Plugin modules outside any distribution load from the folders of ``COCKPIT_PLUGINS_DIR``
+(see :mod:`cockpit_core.plugins`).
 
 A plugin module may set ``COCKPIT_PROTOCOL_VERSION = <int>``; if it differs from
 :data:`PROTOCOL_VERSION` the plugin is skipped and reported by ``cockpit plugins``.
@@ -18,10 +28,18 @@ implementation only the arguments it names), never by removing or changing them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
+
+if TYPE_CHECKING:  # only for annotations: importing them here would be an import cycle
+    from pydantic import BaseModel
+
+    from cockpit_core.dashboard.instrument import Instrument
+    from cockpit_core.quantity import Quantity
+    from cockpit_core.statistics.kinds import StatisticKind
+    from cockpit_core.statistics.provider import StatisticProvider
 
 PROJECT_NAME = "cockpit"
 """pluggy project name, also the entry-point group plugins register under."""
@@ -33,11 +51,75 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
+# -- the register callbacks ------------------------------------------------------------------
+
+
+class RegisterQuantity(Protocol):
+    """``register`` of :func:`register_quantities`: ``register(QuantityClass)``."""
+
+    def __call__(self, quantity: type[Quantity], /) -> None:
+        """Register one :class:`~cockpit_core.Quantity` subclass."""
+
+
+class RegisterPreset(Protocol):
+    """``register`` of :func:`register_presets`: ``register(name, quantities, description="")``."""
+
+    def __call__(
+        self, name: str, quantities: Iterable[str | Mapping[str, Any]], description: str = ""
+    ) -> None:
+        """Register a preset: quantity names or config dicts (``{"name": ..., **options}``)."""
+
+
+class RegisterInstrument(Protocol):
+    """``register`` of :func:`register_instruments`: ``register(Instrument(...))``."""
+
+    def __call__(self, instrument: Instrument, /) -> None:
+        """Register one :class:`~cockpit_core.dashboard.Instrument` (a dashboard panel)."""
+
+
+class RegisterSink(Protocol):
+    """``register`` of :func:`register_sinks`: ``register(name, factory, config=None, description="")``."""
+
+    def __call__(
+        self,
+        name: str,
+        factory: Callable[..., Callable[[dict[str, Any]], None]],
+        config: type[BaseModel] | None = None,
+        description: str = "",
+    ) -> None:
+        """Register a sink factory; ``factory(**options)`` returns ``sink(record)``."""
+
+
+class RegisterStatisticProvider(Protocol):
+    """``register`` of :func:`register_statistic_providers`: ``register(ProviderClass)``."""
+
+    def __call__(self, provider: type[StatisticProvider], /) -> None:
+        """Register one :class:`~cockpit_core.StatisticProvider` subclass."""
+
+
+class RegisterStatisticKind(Protocol):
+    """``register`` of :func:`register_statistic_kinds`: ``register(StatisticKind(...))``."""
+
+    def __call__(self, kind: StatisticKind, /) -> None:
+        """Register one :class:`~cockpit_core.StatisticKind`."""
+
+
+REGISTER_PROTOCOLS: dict[str, type] = {
+    "register_quantities": RegisterQuantity,
+    "register_presets": RegisterPreset,
+    "register_instruments": RegisterInstrument,
+    "register_sinks": RegisterSink,
+    "register_statistic_providers": RegisterStatisticProvider,
+    "register_statistic_kinds": RegisterStatisticKind,
+}
+"""The type of each hook's ``register`` argument, by hook name."""
+
+
 # -- what is tracked ------------------------------------------------------------------------
 
 
 @hookspec
-def register_quantities(register: Callable[[type], None]) -> None:
+def register_quantities(register: RegisterQuantity) -> None:
     """Register the quantity classes this plugin provides.
 
     Call ``register(QuantityClass)`` once per class. The class must subclass
@@ -49,7 +131,7 @@ def register_quantities(register: Callable[[type], None]) -> None:
 
 
 @hookspec
-def register_presets(register: Callable[..., None]) -> None:
+def register_presets(register: RegisterPreset) -> None:
     """Register named presets: lists of quantities usable as ``quantities="economy"``.
 
     Call ``register(name, quantities, description="")`` where ``quantities`` is a list of
@@ -65,7 +147,7 @@ def register_presets(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def register_instruments(register: Callable[[Any], None]) -> None:
+def register_instruments(register: RegisterInstrument) -> None:
     """Register dashboard instruments (panels) for this plugin's quantities.
 
     Call ``register(Instrument(...))`` once per panel, with a
@@ -81,7 +163,7 @@ def register_instruments(register: Callable[[Any], None]) -> None:
 
 
 @hookspec
-def register_sinks(register: Callable[..., None]) -> None:
+def register_sinks(register: RegisterSink) -> None:
     """Register sinks: named destinations that receive every record of a run.
 
     Call ``register(name, factory, config=None, description="")``. ``factory(**options)``
@@ -100,7 +182,7 @@ def register_sinks(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def register_statistic_providers(register: Callable[[type], None]) -> None:
+def register_statistic_providers(register: RegisterStatisticProvider) -> None:
     """Register statistics providers: sources of per-parameter statistics.
 
     Call ``register(ProviderClass)`` once per class. The class must subclass
@@ -117,7 +199,7 @@ def register_statistic_providers(register: Callable[[type], None]) -> None:
 
 
 @hookspec
-def register_statistic_kinds(register: Callable[[Any], None]) -> None:
+def register_statistic_kinds(register: RegisterStatisticKind) -> None:
     """Register new kinds of statistics that quantities can request.
 
     Call ``register(StatisticKind(name, per_sample=..., combine=..., ...))`` once per kind.

@@ -5,19 +5,36 @@ import; here each entry point is loaded in isolation, so a broken plugin is repo
 (``cockpit plugins``) and skipped while the others still load. Isolation covers every
 ``BaseException`` but ``KeyboardInterrupt``: a plugin that calls ``sys.exit()`` at import or
 in a hook is skipped like one that raises ``ImportError``.
+
+Local plugins need no distribution: every ``*.py`` module in the folders of the environment
+variable ``COCKPIT_PLUGINS_DIR`` (several separated by ``os.pathsep``) is imported and
+registered as a plugin named after its file, with the same isolation (files whose name starts
+with ``_`` are skipped).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import os
+import re
+import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 import pluggy
 
 from cockpit_core import hookspecs
+
+PLUGINS_DIR_VARIABLE = "COCKPIT_PLUGINS_DIR"
+"""Environment variable: folders (``os.pathsep``-separated) whose ``*.py`` files are plugins."""
+
+LOCAL_DISTRIBUTION = "<local>"
+"""``PluginInfo.version`` of a local plugin; its ``distribution`` is the file's path."""
 
 
 @dataclass
@@ -25,10 +42,12 @@ class PluginInfo:
     """What cockpit knows about one plugin.
 
     Attributes:
-        name: Entry-point name (also the pluggy plugin name).
-        distribution: Name of the distribution that declares the entry point.
-        version: Version of that distribution.
-        module: Import path of the plugin object.
+        name: Entry-point name, or a local plugin's file name without ``.py`` (also the
+            pluggy plugin name).
+        distribution: Name of the distribution that declares the entry point; a local
+            plugin's file path.
+        version: Version of that distribution; ``<local>`` for a local plugin.
+        module: Import path of the plugin object; a local plugin's file path.
         error: Why the plugin was skipped, or ``None`` if it loaded.
         hooks: Names of the cockpit hooks it implements, in documentation order.
         quantities: Names of the quantities it registered.
@@ -151,16 +170,22 @@ def load_plugin(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> bool
     return True
 
 
-def discover(group: str = hookspecs.PROJECT_NAME) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
-    """Load every plugin of the entry-point ``group``, isolating failures.
+def discover(
+    group: str = hookspecs.PROJECT_NAME, plugins_dirs: Sequence[str | Path] | None = None
+) -> tuple[pluggy.PluginManager, list[PluginInfo]]:
+    """Load every plugin of the entry-point ``group`` and the local plugins, isolating failures.
+
+    Args:
+        group: The entry-point group.
+        plugins_dirs: Folders of local plugin modules (default: :func:`plugins_dirs_from_env`).
 
     Returns:
         The plugin manager with every plugin that loaded, and one :class:`PluginInfo` per
-        entry point (failed ones have ``error`` set).
+        entry point, then per local module (failed ones have ``error`` set).
 
     """
     pm = new_plugin_manager()
-    infos = []
+    infos: list[PluginInfo] = []
     for ep in sorted(entry_points(group=group), key=lambda e: e.name):
         info = _info_for(ep)
         infos.append(info)
@@ -172,7 +197,94 @@ def discover(group: str = hookspecs.PROJECT_NAME) -> tuple[pluggy.PluginManager,
             info.error = f"import failed: {_summary(err)}"
             continue
         load_plugin(pm, plugin, info)
+    dirs = plugins_dirs_from_env() if plugins_dirs is None else list(plugins_dirs)
+    infos.extend(load_local_plugins(pm, dirs, taken={info.name for info in infos}))
     return pm, infos
+
+
+def plugins_dirs_from_env() -> list[str]:
+    """The folders named by ``COCKPIT_PLUGINS_DIR`` (empty entries ignored)."""
+    value = os.environ.get(PLUGINS_DIR_VARIABLE, "")
+    return [entry for entry in value.split(os.pathsep) if entry.strip()]
+
+
+def load_local_plugins(
+    pm: pluggy.PluginManager, dirs: Sequence[str | Path], taken: set[str] | None = None
+) -> list[PluginInfo]:
+    """Import every ``*.py`` file of ``dirs`` (sorted, ``_*`` skipped) and register it with ``pm``.
+
+    Each module is a plugin named after its file (``my_panels.py``: ``my_panels``), its
+    ``distribution`` the file's path and its ``version`` :data:`LOCAL_DISTRIBUTION`. A module
+    that fails to import, a name already taken by another plugin, or a folder that does not
+    exist gives a :class:`PluginInfo` with ``error`` set; the other modules still load.
+
+    Args:
+        pm: The plugin manager to register with.
+        dirs: The folders, in order.
+        taken: Names of the plugins loaded already (updated).
+
+    Returns:
+        One :class:`PluginInfo` per module (and per missing folder).
+
+    """
+    taken = set() if taken is None else taken
+    infos: list[PluginInfo] = []
+    for folder in map(Path, dirs):
+        if not folder.is_dir():
+            infos.append(
+                PluginInfo(
+                    name=str(folder),
+                    distribution=PLUGINS_DIR_VARIABLE,
+                    version=LOCAL_DISTRIBUTION,
+                    error=f"{PLUGINS_DIR_VARIABLE} names {str(folder)!r}, which is no folder",
+                )
+            )
+            continue
+        for path in sorted(folder.glob("*.py")):
+            if path.name.startswith("_"):
+                continue
+            path = path.resolve()
+            info = PluginInfo(
+                name=path.stem,
+                distribution=str(path),
+                version=LOCAL_DISTRIBUTION,
+                module=str(path),
+            )
+            infos.append(info)
+            if info.name in taken:
+                info.error = (
+                    f"another plugin is named '{info.name}' already; rename the file {path.name}"
+                )
+                continue
+            taken.add(info.name)
+            try:
+                module = _import_file(path)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as err:  # SystemExit at import must not end the program
+                info.error = f"import failed: {_summary(err)}"
+                continue
+            load_plugin(pm, module, info)
+    return infos
+
+
+def _import_file(path: Path) -> Any:
+    """Import the module at ``path`` once per process (later calls return the same module)."""
+    name = "cockpit_local_plugin_" + re.sub(r"\W", "_", path.stem)
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) == str(path):
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickle look classes up by module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
 
 
 def describe_error(err: BaseException, exception_name: bool = True) -> str:

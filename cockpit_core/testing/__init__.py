@@ -30,6 +30,14 @@ Statistics providers have their own kit (``docs/providers.md``)::
     def test_my_provider():
         check_provider(MyProvider)
 
+Everything one plugin registers, loaded as ``cockpit`` loads it, with all problems reported
+at once::
+
+    from cockpit_core.testing import check_plugin
+
+    def test_everything_my_plugin_registers():
+        check_plugin("my_plugin")  # its entry-point name, once installed
+
 Installing ``cockpit-core`` also registers a pytest plugin with the fixtures
 ``cockpit_tiny_mlp`` and ``cockpit_tiny_cnn``; :func:`tiny_transformer` is a model
 BackPACK only partly supports (embedding, attention, LayerNorm).
@@ -37,6 +45,7 @@ BackPACK only partly supports (embedding, attention, LayerNorm).
 
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
 from cockpit_core.testing.instrument_checks import check_instrument
+from cockpit_core.testing.plugin_checks import PluginReport, check_plugin
 from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
 from cockpit_core.testing.providers import ProviderReport, check_provider
 from cockpit_core.testing.runner import RunResult, StepSnapshot, run_cockpit
@@ -44,11 +53,13 @@ from cockpit_core.testing.transformer import tiny_transformer
 
 __all__ = [
     "ConformanceError",
+    "PluginReport",
     "Problem",
     "ProviderReport",
     "RunResult",
     "StepSnapshot",
     "check_instrument",
+    "check_plugin",
     "check_provider",
     "check_quantity",
     "run_cockpit",

@@ -1,4 +1,4 @@
-"""Lets the template's tests run from a source checkout without installing it."""
+"""Lets the tests run from a source checkout, before `pip install -e .`."""
 
 import sys
 from pathlib import Path

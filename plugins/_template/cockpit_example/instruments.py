@@ -1,4 +1,4 @@
-"""Dashboard panel of the example plugin: the largest per-sample gradient norm over steps.
+"""Dashboard panel of the plugin: the largest per-sample gradient norm over steps.
 
 The module imports no plotting library (matplotlib is imported when the dashboard draws),
 so the plugin can register it at discovery time for free.

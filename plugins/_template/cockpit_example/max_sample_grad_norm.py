@@ -2,9 +2,8 @@
 
 import math
 
-from pydantic import Field
-
 from cockpit_core import BATCH_L2, Quantity, QuantityConfig, Requirements, StepContext
+from pydantic import Field
 
 
 class MaxSampleGradNormConfig(QuantityConfig):
@@ -14,8 +13,11 @@ class MaxSampleGradNormConfig(QuantityConfig):
 
 
 class MaxSampleGradNorm(Quantity):
-    """Largest per-sample gradient norm ``max_n ||g_n||`` (optionally relative to ``||g||``).
+    """Largest per-sample gradient norm ``max_n ||g_n||`` (optionally divided by ``||g||``).
 
+    ``g_n`` is the gradient of sample ``n``'s own loss and ``g = mean_n g_n``. Per-sample
+    gradient norms are what differentially private SGD clips (Abadi et al., "Deep Learning
+    with Differential Privacy", CCS 2016); their maximum shows outlier samples.
     ``||g_n||^2`` is the sum over parameters of the ``BATCH_L2`` statistic, which the core
     computes once per step for every quantity that declares it.
     """
@@ -29,6 +31,6 @@ class MaxSampleGradNorm(Quantity):
         squared = sum(ctx.stat(BATCH_L2))  # [B]: ||g_n||^2 summed over parameters
         value = math.sqrt(float(squared.max()))
         if self.config.relative:
-            grad_norm = math.sqrt(sum(float((g**2).sum()) for g in ctx.grads))
+            grad_norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in ctx.grads))
             value /= grad_norm
         return value

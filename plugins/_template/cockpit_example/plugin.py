@@ -1,20 +1,22 @@
-"""Entry point of the example plugin: registers its quantities and panels with cockpit."""
+"""Entry point of the plugin (see pyproject.toml): the hooks that register it with cockpit."""
 
 from cockpit_core import hookimpl
+from cockpit_core.hookspecs import RegisterInstrument, RegisterQuantity
+
 from cockpit_example.max_sample_grad_norm import MaxSampleGradNorm
 
 COCKPIT_PROTOCOL_VERSION = 1
 
 
 @hookimpl
-def register_quantities(register):
-    """Register the example quantity."""
+def register_quantities(register: RegisterQuantity) -> None:
+    """Register the plugin's quantities."""
     register(MaxSampleGradNorm)
 
 
 @hookimpl
-def register_instruments(register):
-    """Register the example's dashboard panel."""
+def register_instruments(register: RegisterInstrument) -> None:
+    """Register the plugin's dashboard panels."""
     from cockpit_example.instruments import INSTRUMENTS  # imported only when panels are needed
 
     for instrument in INSTRUMENTS:

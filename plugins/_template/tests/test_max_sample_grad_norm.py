@@ -1,21 +1,22 @@
-"""Tests of the example plugin: protocol checks, the value against its definition, the panel."""
+"""The quantity: protocol checks and its value against a brute-force definition."""
 
 import pytest
 import torch
-from cockpit_example import MaxSampleGradNorm
-from cockpit_example.instruments import INSTRUMENTS
-
-from cockpit_core.testing import check_instrument, check_quantity, run_cockpit, tiny_mlp
+from cockpit_core.testing import check_quantity, run_cockpit, tiny_mlp
 from cockpit_core.testing.reference import per_sample_gradients
 
+from cockpit_example import MaxSampleGradNorm
 
-def test_protocol():
-    check_quantity(MaxSampleGradNorm)
-    check_quantity(MaxSampleGradNorm, options={"relative": True})
+
+@pytest.mark.parametrize("options", [{}, {"relative": True}])
+def test_protocol(options):
+    check_quantity(MaxSampleGradNorm, options=options)
 
 
 @pytest.mark.parametrize("relative", [False, True])
 def test_value_equals_brute_force(relative):
+    # tiny_mlp is float64; per_sample_gradients is one autograd call per sample, so the two
+    # agree up to rounding of sums of ~100 products (~1e-14): rel=1e-10 leaves a wide margin
     result = run_cockpit(tiny_mlp(), [MaxSampleGradNorm(relative=relative)], steps=3)
     for snap in result.snapshots:
         grads = per_sample_gradients(result.model_at(snap.step), result.problem, snap.x, snap.y)
@@ -25,10 +26,3 @@ def test_value_equals_brute_force(relative):
             expected /= per_sample.mean(0).norm().item()
         got = result.output[snap.step]["max_sample_grad_norm"]
         assert got == pytest.approx(expected, rel=1e-10)
-
-
-@pytest.mark.parametrize("instrument", INSTRUMENTS, ids=lambda i: i.name)
-def test_panel_draws(instrument):
-    # draws on a short run of the quantity; warnings and exceptions fail with their message
-    fig = check_instrument(instrument, quantities=[MaxSampleGradNorm])
-    assert fig.axes[0].get_ylabel() == r"$\max_n \|g_n\|$"
