@@ -2,4 +2,5 @@
 
 from cockpit_core.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing this module (documentation tools) runs nothing
+    raise SystemExit(main())

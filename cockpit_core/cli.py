@@ -541,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             return _run(argv)
-        finally:  # also after --help: a closed pipe fails here, not at interpreter exit
+        finally:  # also when argparse exits (--version): fail here, not at interpreter exit
             sys.stdout.flush()
     except BrokenPipeError:
         _discard_stdout()
@@ -551,7 +551,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _discard_stdout() -> None:
     """Point standard output at the null device, so the final flush at exit cannot fail."""
     with contextlib.suppress(OSError, ValueError, AttributeError):  # no file descriptor
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
 
 
 def _run(argv: Sequence[str] | None) -> int:

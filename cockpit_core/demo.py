@@ -5,19 +5,28 @@ for validation; an epoch is one pass over the shuffled training split in full mi
 At the start of every epoch (and after the last step) the demo measures loss and accuracy
 on both splits and records them with ``cp.log``, so the dashboard shows its *Performance*
 panel. The run folder gets the log (``log.jsonl``), a consolidated ``output.json`` and the
-dashboard picture ``dashboard.png``; the folder is printed at the end.
+dashboard picture ``dashboard.png``; the folder is printed at the end. Progress goes to
+standard error: a tqdm bar on a terminal, otherwise (a file, a pipe, a CI log) one line at
+every tenth of the run, so logs get no carriage returns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
 
 from cockpit_core.cockpit import Cockpit
+from cockpit_core.config_quantities import resolve_quantities
+from cockpit_core.errors import ConfigError
+from cockpit_core.registry import default_registry
 from cockpit_core.testing.problems import extend
 
 
@@ -77,14 +86,70 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
 
-def _progress(step: int, steps: int, loss: float, started: float) -> None:
-    width = 30
-    done = int(width * (step + 1) / steps)
-    elapsed = time.perf_counter() - started
-    bar = "#" * done + "-" * (width - done)
-    end = "\n" if step + 1 == steps else ""
-    sys.stderr.write(f"\r[{bar}] step {step + 1}/{steps}  loss {loss:.4f}  {elapsed:.1f}s{end}")
-    sys.stderr.flush()
+def demo_quantities(preset: str) -> str | list[str]:
+    """The demo Cockpit's ``quantities`` for ``preset``, checked against the installed plugins.
+
+    Args:
+        preset: A preset name or comma-separated quantity names.
+
+    Raises:
+        ConfigError: ``preset`` names no installed preset or quantity; the message lists the
+            installed quantities and presets.
+
+    """
+    spec: str | list[str] = (
+        preset if "," not in preset else [q.strip() for q in preset.split(",") if q.strip()]
+    )
+    if not spec:
+        raise ConfigError([("preset", "names no preset or quantity")])
+    registry = default_registry()
+    try:
+        resolve_quantities(spec, registry)
+    except ConfigError as err:
+        presets = ", ".join(sorted(registry.presets))
+        errors = [(where, f"{message} Presets: {presets}.") for where, message in err.errors]
+        raise ConfigError(errors) from None
+    return spec
+
+
+def _terminal_bar(steps: int, stream: TextIO) -> Any:
+    """A tqdm bar on ``stream`` if it is a terminal and tqdm is installed, else ``None``."""
+    try:
+        if not stream.isatty():
+            return None
+        from tqdm import tqdm
+    except (AttributeError, ValueError, ImportError):  # no isatty, a closed stream, no tqdm
+        return None
+    return tqdm(total=steps, file=stream, desc="training", unit="step", dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def progress(steps: int, stream: TextIO | None = None) -> Iterator[Callable[[int, float], None]]:
+    """Report training progress on ``stream`` (standard error); yields ``update(step, loss)``.
+
+    On a terminal a tqdm bar is redrawn in place; elsewhere (a file, a pipe, a CI log), or
+    without tqdm, one line ``step N/STEPS  loss L  Ts`` is written at every tenth of the
+    run and at its last step, so that a log gets no carriage returns.
+    """
+    stream = sys.stderr if stream is None else stream
+    bar = _terminal_bar(steps, stream)
+    marks = {math.ceil(steps * tenth / 10) for tenth in range(1, 11)}
+    started = time.perf_counter()
+
+    def update(step: int, loss: float) -> None:
+        if bar is not None:
+            bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+            bar.update(1)
+        elif step + 1 in marks:
+            elapsed = time.perf_counter() - started
+            stream.write(f"step {step + 1}/{steps}  loss {loss:.4f}  {elapsed:.1f}s\n")
+            stream.flush()
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def run_demo(
@@ -105,7 +170,14 @@ def run_demo(
         batch_size: Mini-batch size.
         lr: Learning rate of SGD with momentum 0.9.
 
+    Raises:
+        ValueError: ``steps`` is below 1; checked before the run folder is created.
+        ConfigError: ``preset`` names no installed preset or quantity; likewise.
+
     """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    quantities = demo_quantities(preset)
     torch.manual_seed(seed)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     run = Path(out) if out is not None else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
@@ -118,34 +190,31 @@ def run_demo(
     model = extend(make_model())
     loss_fn = extend(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    quantities = (
-        preset if "," not in preset else [q.strip() for q in preset.split(",") if q.strip()]
-    )
     cp = Cockpit(model, quantities, log=run / "log.jsonl")
     gen = torch.Generator().manual_seed(seed)
-    started = time.perf_counter()
     order = torch.randperm(len(x), generator=gen)
-    for step in range(steps):
-        epoch, batch = divmod(step, per_epoch)
-        if batch == 0:  # a new epoch: measure where it starts, reshuffle the training split
-            _log_performance(cp, step, model, train, valid, epoch)
-            order = torch.randperm(len(x), generator=gen)
-        idx = order[batch * batch_size : (batch + 1) * batch_size]
-        xb, yb = x[idx], y[idx]
-        opt.zero_grad()
-        outputs = model(xb)
-        loss = loss_fn(outputs, yb)
-        losses = F.cross_entropy(outputs, yb, reduction="none").detach()
-        info = {
-            "loss": loss,
-            "individual_losses": losses,
-            "batch_size": batch_size,
-            "optimizer": opt,
-        }
-        with cp(step, info=info):
-            loss.backward(retain_graph=cp.retain_graph(step))
-        opt.step()
-        _progress(step, steps, loss.item(), started)
+    with progress(steps) as report:
+        for step in range(steps):
+            epoch, batch = divmod(step, per_epoch)
+            if batch == 0:  # a new epoch: measure where it starts, reshuffle the training split
+                _log_performance(cp, step, model, train, valid, epoch)
+                order = torch.randperm(len(x), generator=gen)
+            idx = order[batch * batch_size : (batch + 1) * batch_size]
+            xb, yb = x[idx], y[idx]
+            opt.zero_grad()
+            outputs = model(xb)
+            loss = loss_fn(outputs, yb)
+            losses = F.cross_entropy(outputs, yb, reduction="none").detach()
+            info = {
+                "loss": loss,
+                "individual_losses": losses,
+                "batch_size": batch_size,
+                "optimizer": opt,
+            }
+            with cp(step, info=info):
+                loss.backward(retain_graph=cp.retain_graph(step))
+            opt.step()
+            report(step, loss.item())
     # after the last step (epoch_count only where an epoch starts)
     train_accuracy, valid_accuracy = _log_performance(cp, steps, model, train, valid, None)
     cp.close()

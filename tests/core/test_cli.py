@@ -1,6 +1,9 @@
 """The `cockpit` command line."""
 
+import io
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -133,3 +136,98 @@ def test_an_os_error_is_a_message_and_exit_code_1(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_schema", broken)
     assert main(["schema"]) == 1
     assert capsys.readouterr().err == "error: No space left on device\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "-3"], "argument --steps: must be at least 1, got -3"),
+        (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (["--steps", "many"], "argument --steps: expected a whole number, got 'many'"),
+        (["--preset", "bogus"], "argument --preset: Unknown quantity 'bogus'. Installed: "),
+        (
+            ["--preset", "loss,gradnorm"],
+            "argument --preset: Unknown quantity 'gradnorm'. Did you mean 'grad_norm'?",
+        ),
+    ],
+)
+def test_demo_rejects_bad_arguments_before_creating_the_run_folder(tmp_path, capsys, argv, message):
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--out", str(run), *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: cockpit demo ") and f"cockpit demo: error: {message}" in err
+    assert not run.exists()
+    if "--preset" in argv:
+        assert "Presets: " in err and "economy, full." in err  # the installed presets
+
+
+def test_run_demo_checks_its_arguments_before_creating_the_run_folder(tmp_path):
+    from cockpit_core.demo import run_demo
+    from cockpit_core.errors import ConfigError
+
+    with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
+        run_demo(steps=0, out=tmp_path / "a")
+    with pytest.raises(ConfigError, match="Unknown quantity 'bogus'"):
+        run_demo(preset="bogus", out=tmp_path / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_imports_the_model_module_from_the_current_directory(tmp_path):
+    # started like the console script: sys.path[0] is the script's folder, not the cwd
+    launcher = tmp_path / "bin" / "cockpit_launcher.py"
+    launcher.parent.mkdir()
+    launcher.write_text("import sys\nfrom cockpit_core.cli import main\nsys.exit(main())\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "models.py").write_text(
+        "import torch\n\n\ndef mlp():\n    return torch.nn.Sequential(torch.nn.Linear(4, 2))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(launcher), "check", "models:mlp", "--quantities", "loss,grad_norm"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "loss       ok           no statistics beyond p.grad",
+        "grad_norm  ok           no statistics beyond p.grad",
+    ]
+
+
+def test_demo_progress_is_lines_without_carriage_returns_when_stderr_is_no_terminal(
+    tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("sklearn")
+    from cockpit_core import demo
+
+    monkeypatch.setattr(demo, "_plot", lambda cp, path, title: None)  # not needed here
+    assert main(["demo", "--steps", "5", "--out", str(tmp_path / "run"), "--preset", "loss"]) == 0
+    err = capsys.readouterr().err  # captured: not a terminal
+    assert "\r" not in err
+    progress = [line.split("  ")[0] for line in err.splitlines() if line.startswith("step ")]
+    assert progress == [f"step {step}/5" for step in range(1, 6)]  # a line per tenth, at most
+
+
+def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
+    pytest.importorskip("tqdm")
+    from cockpit_core.demo import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    for stream in (terminal, log):
+        with progress(300, stream) as report:
+            for step in range(300):
+                report(step, 1.0 / (step + 1))
+    assert "\r" in terminal.getvalue() and "300/300" in terminal.getvalue()
+    assert "loss 0.0033" in terminal.getvalue()
+    lines = log.getvalue().splitlines()
+    assert [line.split("  ")[:2] for line in lines] == [
+        [f"step {step}/300", f"loss {1 / step:.4f}"] for step in range(30, 301, 30)
+    ]
