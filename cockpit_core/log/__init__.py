@@ -27,6 +27,10 @@ declared size); every malformed input raises :class:`LogFormatError` naming the 
 line, or saying that the file as a whole is not a cockpit log. :func:`check_log_path` tells,
 without touching anything, whether a :class:`LogWriter` can open a path. See
 ``docs/log_format.md``.
+
+For sinks that feed experiment trackers, ``TagMap`` of :mod:`cockpit_core.log.scalars`
+names each value of a record as a scalar tag (``cockpit/grad_norm/total``), the same in
+every tracker.
 """
 
 from __future__ import annotations
