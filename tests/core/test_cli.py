@@ -128,12 +128,12 @@ def test_plugins_lists_sinks_providers_and_conflicts(fake_distribution, monkeypa
 
 
 def test_an_os_error_is_a_message_and_exit_code_1(monkeypatch, capsys):
-    from cockpit_core import cli
+    from cockpit_core import cli_commands
 
     def broken(args):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(cli, "cmd_schema", broken)
+    monkeypatch.setattr(cli_commands, "cmd_schema", broken)
     assert main(["schema"]) == 1
     assert capsys.readouterr().err == "error: No space left on device\n"
 
