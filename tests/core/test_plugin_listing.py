@@ -38,7 +38,8 @@ def test_verbose_lists_hooks_and_registrations_of_first_party_plugins(listing):
     assert (
         "basic  (cockpit-basic 0.1.0)  ok\n"
         "    hooks: register_quantities, register_presets, register_instruments\n"
-        "    quantities: loss, parameters, distance, update_size, grad_norm, time\n"
+        "    quantities: loss, parameters, distance, update_size, grad_norm, time, "
+        "optimizer_hparams\n"
         "    presets: economy, business, full, basic\n"
         "    instruments: loss, hyperparameters, performance, time, distance, grad_norm, "
         "parameters, grad_norm_layers\n"

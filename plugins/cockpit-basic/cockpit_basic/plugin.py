@@ -1,11 +1,20 @@
 """Entry point of cockpit-basic: registers its quantities and the standard presets."""
 
-from cockpit_basic import Distance, GradNorm, Loss, Parameters, Time, UpdateSize
+from cockpit_basic import (
+    Distance,
+    GradNorm,
+    Loss,
+    OptimizerHparams,
+    Parameters,
+    Time,
+    UpdateSize,
+)
 from cockpit_core import hookimpl
 
 COCKPIT_PROTOCOL_VERSION = 1
 
-# Same membership as Cockpit 1.0.2's configurations.
+# Same membership as Cockpit 1.0.2's configurations; full also records optimizer_hparams
+# (no cost) for the sharpness panel's stability threshold.
 ECONOMY = [
     "alpha",
     "distance",
@@ -18,14 +27,14 @@ ECONOMY = [
     "update_size",
 ]
 BUSINESS = ECONOMY + ["tic_diag", "hess_trace"]
-FULL = BUSINESS + ["hess_max_ev", "grad_hist_2d"]
+FULL = BUSINESS + ["hess_max_ev", "grad_hist_2d", "optimizer_hparams"]
 BASIC = ["loss", "grad_norm", "distance", "update_size", "parameters", "time"]
 
 
 @hookimpl
 def register_quantities(register):
-    """Register the six basic quantities."""
-    for cls in (Loss, Parameters, Distance, UpdateSize, GradNorm, Time):
+    """Register the seven basic quantities."""
+    for cls in (Loss, Parameters, Distance, UpdateSize, GradNorm, Time, OptimizerHparams):
         register(cls)
 
 
@@ -35,7 +44,10 @@ def register_presets(register):
     register("economy", ECONOMY, "Cheap first-order diagnostics (Cockpit 1.0.2 'economy').")
     register("business", BUSINESS, "economy + Hessian trace and TIC (Cockpit 1.0.2 'business').")
     register(
-        "full", FULL, "business + Hessian max eigenvalue and 2-D histogram (Cockpit 1.0.2 'full')."
+        "full",
+        FULL,
+        "business + Hessian max eigenvalue and 2-D histogram (Cockpit 1.0.2 'full'), and the "
+        "optimizer's hyperparameters for the sharpness panel.",
     )
     register("basic", BASIC, "Only the quantities of cockpit-basic: no per-sample statistics.")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -63,6 +63,41 @@ def split_like(vector: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
     """Split a flat vector into views shaped like ``like``."""
     parts = torch.split(vector, [t.numel() for t in like])
     return [p.view_as(t) for p, t in zip(parts, like)]
+
+
+def hessian_matvec(ctx: StepContext) -> Callable[[Tensor], Tensor]:
+    """``v -> H v`` on flat float64 CPU vectors over ``ctx.params``, through ``ctx.hvp``."""
+    params = ctx.params
+
+    def matvec(vector: Tensor) -> Tensor:
+        parts = split_like(vector, params)
+        parts = [v.to(dtype=p.dtype, device=p.device) for v, p in zip(parts, params)]
+        return flatten(ctx.hvp(parts)).to(device="cpu", dtype=torch.float64)
+
+    return matvec
+
+
+def cached_start(ctx: StepContext, key: str, dim: int, enabled: bool) -> Tensor | None:
+    """Ritz vectors a quantity cached at its previous tracked step (a Lanczos warm start).
+
+    ``None`` when warm starts are off, nothing is cached, or the dimension changed.
+    """
+    if not enabled:
+        return None
+    vectors = ctx.cache.get(key)
+    if vectors is None or vectors.shape[-1] != dim:
+        return None
+    return vectors
+
+
+def keep_until_next_step(
+    ctx: StepContext, quantity: Any, key: str, vectors: Tensor, max_gap: int
+) -> None:
+    """Cache ``vectors`` until ``quantity``'s next tracked step, if it is within ``max_gap``."""
+    for step in range(ctx.step + 1, ctx.step + 1 + max_gap):
+        if quantity.is_active(step):
+            ctx.cache.put(key, vectors, expires_after=step)
+            return
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

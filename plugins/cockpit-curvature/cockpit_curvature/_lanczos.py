@@ -54,9 +54,9 @@ class LanczosResult:
         error_bounds: ``[k]`` estimated absolute eigenvalue errors.
         matvecs: Number of operator applications.
         converged: Whether every wanted pair met the tolerance.
-        next_vector: ``[1, D]`` the unit Ritz vector that comes after the wanted ones (a warm
-            start for the next, slightly different operator), or ``None`` if the search space
-            holds no other.
+        next_vector: ``[f, D]`` the ``f <= following`` unit Ritz vectors that come after the
+            wanted ones (a warm start for the next, slightly different operator), or ``None``
+            if the search space holds no other.
 
     """
 
@@ -212,6 +212,7 @@ def lanczos(
     basis_size: int = 20,
     generator: torch.Generator | None = None,
     gap: str = "converged",
+    following: int = 1,
 ) -> LanczosResult:
     """Compute the ``k`` wanted eigenpairs of the symmetric operator ``matvec``.
 
@@ -230,6 +231,8 @@ def lanczos(
         gap: How the Kato-Temple gap is estimated (see :func:`_error_bounds`): ``"converged"``
             (safe for any start) or ``"ritz"`` (for a start block that holds approximations of
             the ``k + 1`` leading eigenvectors).
+        following: How many Ritz vectors after the wanted ones to return as ``next_vector``
+            (a larger warm-start block; at most what the search space holds).
 
     Returns:
         The wanted Ritz pairs and convergence information.
@@ -304,7 +307,7 @@ def lanczos(
         theta, coeffs, res = space.ritz()
         idx = _wanted(theta, k, which)
         bounds = _error_bounds(theta, res, idx, gap)
-    order = _wanted(theta, min(k + 1, len(theta)), which)
+    order = _wanted(theta, min(k + max(following, 0), len(theta)), which)
     vectors, _ = space.combine(coeffs[:, order])
     vectors = vectors / vectors.norm(dim=1, keepdim=True)
     return LanczosResult(

@@ -9,7 +9,13 @@ import torch
 from pydantic import Field, model_validator
 
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
-from cockpit_curvature._common import flatten, split_like, step_generator
+from cockpit_curvature._common import (
+    cached_start,
+    flatten,
+    keep_until_next_step,
+    split_like,
+    step_generator,
+)
 from cockpit_curvature._lanczos import lanczos
 
 _CACHE_KEY = "eigenvectors"
@@ -136,16 +142,9 @@ class HessMaxEV(Quantity):
         }
 
     def _warm_start(self, ctx: StepContext, dim: int) -> torch.Tensor | None:
-        if not self.config.warm_start:
-            return None
-        vectors = ctx.cache.get(_CACHE_KEY)
-        if vectors is None or vectors.shape[-1] != dim:
-            return None
-        return vectors
+        """The previous tracked step's leading Ritz vectors, if cached."""
+        return cached_start(ctx, _CACHE_KEY, dim, self.config.warm_start)
 
     def _keep(self, ctx: StepContext, vectors: torch.Tensor) -> None:
         """Cache the eigenvectors until the next tracked step, if it comes soon enough."""
-        for step in range(ctx.step + 1, ctx.step + 1 + self.config.warm_start_max_gap):
-            if self.is_active(step):
-                ctx.cache.put(_CACHE_KEY, vectors, expires_after=step)
-                return
+        keep_until_next_step(ctx, self, _CACHE_KEY, vectors, self.config.warm_start_max_gap)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
 from pydantic import Field, field_validator, model_validator
 
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
 from cockpit_curvature._common import (
     curvature_statistic,
-    flatten,
+    hessian_matvec,
     normalize_curvature,
     read_diagonal,
-    split_like,
     step_generator,
     total_and_per_param,
 )
-from cockpit_curvature._estimators import ESTIMATORS, MatVec
+from cockpit_curvature._estimators import ESTIMATORS
 
 _HINT = "use method='hutchinson', which needs only Hessian-vector products."
 
@@ -120,7 +118,7 @@ class HessTrace(Quantity):
             estimator = ESTIMATORS[cfg.method]
             sizes = [p.numel() for p in ctx.params]
             gen = step_generator(cfg.seed, ctx.step)
-            est = estimator(self._hessian(ctx), sizes, cfg.probes, gen)
+            est = estimator(hessian_matvec(ctx), sizes, cfg.probes, gen)
             out = total_and_per_param(list(est.per_param))
             out["std_error"] = est.std_error
             out["std_error_per_param"] = est.std_error_per_param
@@ -129,15 +127,3 @@ class HessTrace(Quantity):
         stat = curvature_statistic(cfg.method, cfg.mc_samples)
         diagonal = read_diagonal(ctx, stat, self.key, _HINT)
         return total_and_per_param([d.double().sum() for d in diagonal])
-
-    @staticmethod
-    def _hessian(ctx: StepContext) -> MatVec:
-        """``v -> H v`` on flat float64 CPU vectors through ``ctx.hvp``."""
-        params = ctx.params
-
-        def matvec(vector: torch.Tensor) -> torch.Tensor:
-            parts = split_like(vector, params)
-            parts = [v.to(dtype=p.dtype, device=p.device) for v, p in zip(parts, params)]
-            return flatten(ctx.hvp(parts)).to(device="cpu", dtype=torch.float64)
-
-        return matvec

@@ -73,6 +73,23 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
     finish(ax, ylabel=r"$\lambda_{max}(H)$", legend=True)
 
 
+def _error_band(
+    ax: Any, output: Any, name: str, steps: Any, value: Any, color: str, label: str
+) -> None:
+    """A band of +-2 standard errors (about 95% for an approximately normal estimate)."""
+    _, std_error = series(output, name, "std_error")
+    if np.isfinite(std_error).any():
+        ax.fill_between(
+            steps,
+            value - 2 * std_error,
+            value + 2 * std_error,
+            color=color,
+            alpha=0.2,
+            lw=0,
+            label=rf"{label} $\pm$ 2 SE",
+        )
+
+
 def draw_trace(ax: Any, output: Any, header: Any) -> None:
     """Hessian trace in total (bold) and per parameter (thin lines).
 
@@ -97,17 +114,7 @@ def draw_trace(ax: Any, output: Any, header: Any) -> None:
                 alpha=0.8,
                 label=label,
             )
-    _, std_error = series(output, "hess_trace", "std_error")
-    if np.isfinite(std_error).any():
-        ax.fill_between(
-            steps,
-            total - 2 * std_error,
-            total + 2 * std_error,
-            color=PRIMARY,
-            alpha=0.2,
-            lw=0,
-            label=r"total $\pm$ 2 SE",
-        )
+    _error_band(ax, output, "hess_trace", steps, total, PRIMARY, "total")
     line(ax, steps, total, color=PRIMARY, lw=1.8, label="total")
     all_vals = np.concatenate([total, per.ravel()]) if per.size else total
     _log_if_wide(ax, all_vals)
@@ -116,7 +123,11 @@ def draw_trace(ax: Any, output: Any, header: Any) -> None:
 
 
 def draw_tic(ax: Any, output: Any, header: Any) -> None:
-    """TIC approximations over steps (diagonal and trace variant, whichever were tracked)."""
+    """TIC approximations over steps (diagonal and trace variant, whichever were tracked).
+
+    With an estimated Hessian diagonal (``curvature`` ``hutchinson`` or ``xdiag``) each
+    carries ``std_error`` (delta method): a band of +-2 standard errors.
+    """
     drawn = []
     for name, label, color in (
         ("tic_diag", "TIC (diagonal)", PRIMARY),
@@ -124,6 +135,7 @@ def draw_tic(ax: Any, output: Any, header: Any) -> None:
     ):
         if any(name in v for v in output.values()):
             steps, tic = series(output, name)
+            _error_band(ax, output, name, steps, tic, color, label)
             line(ax, steps, tic, color=color, label=label)
             drawn.append(tic)
     if drawn:

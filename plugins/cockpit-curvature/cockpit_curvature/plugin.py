@@ -1,22 +1,24 @@
 """Entry point of cockpit-curvature: registers its quantities."""
 
 from cockpit_core import hookimpl
-from cockpit_curvature import HessMaxEV, HessTrace, TICDiag, TICTrace
+from cockpit_curvature import HessMaxEV, HessSpectrum, HessTrace, TICDiag, TICTrace
 
 COCKPIT_PROTOCOL_VERSION = 1
 
 
 @hookimpl
 def register_quantities(register):
-    """Register ``hess_max_ev``, ``hess_trace``, ``tic_diag`` and ``tic_trace``."""
-    for cls in (HessMaxEV, HessTrace, TICDiag, TICTrace):
+    """Register ``hess_max_ev``, ``hess_trace``, ``tic_diag``, ``tic_trace``, ``hess_spectrum``."""
+    for cls in (HessMaxEV, HessTrace, TICDiag, TICTrace, HessSpectrum):
         register(cls)
 
 
 @hookimpl
 def register_instruments(register):
-    """Register the curvature panels (max eigenvalue, trace, TIC)."""
+    """Register the curvature panels (max eigenvalue, trace, TIC, sharpness, spectrum)."""
     from cockpit_curvature.instruments import INSTRUMENTS
+    from cockpit_curvature.sharpness_panel import SHARPNESS
+    from cockpit_curvature.spectrum_panel import INSTRUMENT as SPECTRUM
 
-    for instrument in INSTRUMENTS:
+    for instrument in (*INSTRUMENTS, SHARPNESS, SPECTRUM):
         register(instrument)

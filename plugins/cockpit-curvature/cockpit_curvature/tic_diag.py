@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from torch import Tensor
 
-from cockpit_core import StepContext
 from cockpit_curvature._tic import TICBase
 
 
@@ -17,15 +15,17 @@ class TICDiag(TICBase):
 
         TIC_diag = sum_j m_j / (h_j + epsilon),   m_j = (1/B) sum_n g_{n,j}^2
 
-    with ``h`` the curvature diagonal (exact Hessian by default) and ``g_n`` the gradient of
-    sample ``n``'s loss. Same value as Cockpit 1.0.2's ``TICDiag`` with the defaults.
-    ``per_param`` holds the sum over each parameter's entries; ``total`` is their sum.
+    with ``h`` the curvature diagonal (exact Hessian by default, or estimated with error
+    bars) and ``g_n`` the gradient of sample ``n``'s loss. Same value as Cockpit 1.0.2's
+    ``TICDiag`` with the defaults. ``per_param`` holds the sum over each parameter's
+    entries; ``total`` is their sum. With an estimated ``h`` the delta-method weights are
+    ``w_j = -m_j / (h_j + epsilon)^2``: entries with small curvature dominate the error.
     """
 
     name = "tic_diag"
 
-    def compute(self, ctx: StepContext) -> dict[str, Any]:
-        """Return ``{"total": TIC, "per_param": [TIC of each parameter's entries]}``."""
+    def combine(self, pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, list[Tensor]]:
+        """``sum_j m_j / (h_j + eps)`` per parameter, and their sum."""
         eps = self.config.epsilon
-        per_param = [(m / (h + eps)).sum() for m, h in self.moments_and_curvature(ctx)]
-        return self.as_output(torch.stack(per_param).sum(), per_param)
+        per_param = [(m / (h + eps)).sum() for m, h in pairs]
+        return torch.stack(per_param).sum(), per_param

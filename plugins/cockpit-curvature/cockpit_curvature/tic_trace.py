@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+from torch import Tensor
 
-from cockpit_core import StepContext
 from cockpit_curvature._tic import TICBase
 
 
@@ -18,18 +16,19 @@ class TICTrace(TICBase):
         TIC_trace = sum_j m_j / (sum_j h_j + epsilon),   m_j = (1/B) sum_n g_{n,j}^2
 
     i.e. ``tr(C) / (tr(H) + epsilon)``, with ``h`` the curvature diagonal (exact Hessian by
-    default). ``total`` is Cockpit 1.0.2's ``TICTrace`` value (sums over all parameters);
-    ``per_param`` holds the same ratio formed within each parameter block, so ``total`` is
-    not their sum.
+    default, or estimated with error bars). ``total`` is Cockpit 1.0.2's ``TICTrace`` value
+    (sums over all parameters); ``per_param`` holds the same ratio formed within each
+    parameter block, so ``total`` is not their sum. With an estimated ``h`` only its sum
+    enters: the delta-method error is ``TIC_trace / (tr(H) + epsilon)`` times the
+    standard error of the trace.
     """
 
     name = "tic_trace"
 
-    def compute(self, ctx: StepContext) -> dict[str, Any]:
-        """Return ``{"total": tr(C)/(tr(H)+eps), "per_param": [tr(C_i)/(tr(H_i)+eps)]}``."""
+    def combine(self, pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, list[Tensor]]:
+        """``tr(C) / (tr(H) + eps)`` over all parameters, and within each."""
         eps = self.config.epsilon
-        pairs = [(m.sum(), h.sum()) for m, h in self.moments_and_curvature(ctx)]
-        moments = torch.stack([m for m, _ in pairs])
-        curvatures = torch.stack([h for _, h in pairs])
+        moments = torch.stack([m.sum() for m, _ in pairs])
+        curvatures = torch.stack([h.sum() for _, h in pairs])
         total = moments.sum() / (curvatures.sum() + eps)
-        return self.as_output(total, list(moments / (curvatures + eps)))
+        return total, list(moments / (curvatures + eps))

@@ -180,3 +180,25 @@ def test_dependent_start_vectors_are_skipped_and_unknown_gap_rejected():
     assert res.matvecs == 1 and abs(res.eigenvalues[0] - 1.0) < 1e-12
     with pytest.raises(ValueError, match="gap must be one of"):
         lanczos(lambda v: a @ v, top, gap="guess")
+
+
+@pytest.mark.parametrize("following", [0, 1, 3])
+def test_following_ritz_vectors_are_returned_for_a_larger_warm_block(following):
+    eigenvalues = SPECTRA["separated"]
+    a = _matrix(eigenvalues, seed=4)
+    start = torch.randn(len(eigenvalues), generator=torch.Generator().manual_seed(5)).double()
+    res = lanczos(lambda v: a @ v, start, tol=1e-12, max_iter=200, following=following)
+    if following == 0:
+        assert res.next_vector is None
+        return
+    vectors = res.next_vector
+    assert vectors.shape == (following, len(eigenvalues))
+    np.testing.assert_allclose(vectors.norm(dim=1), 1.0, rtol=1e-12)
+    # the Ritz vectors after the top one, in order: Rayleigh quotients decrease, and they are
+    # orthogonal to the top eigenvector and to each other (one Ritz basis)
+    block = torch.cat([res.eigenvectors, vectors])
+    np.testing.assert_allclose(block @ block.T, np.eye(following + 1), atol=1e-10)
+    quotients = torch.einsum("id,de,ie->i", vectors, a, vectors).numpy()
+    assert np.all(np.diff(quotients) < 0) and quotients[0] <= res.eigenvalues[0]
+    # the second one is converged as well (0.8 is well separated from the bulk)
+    assert quotients[0] == pytest.approx(0.8, rel=1e-6)

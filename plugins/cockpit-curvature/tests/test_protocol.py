@@ -56,7 +56,7 @@ def test_cockpit_spelling_diag_h_is_accepted():
         (HessTrace, {"probes": 5}, "probes applies only to method='hutchinson'"),
         (HessTrace, {"method": "diag_hessian", "mc_samples": 2}, "mc_samples applies only"),
         (TICDiag, {"mc_samples": 2}, "mc_samples applies only to curvature='diag_ggn_mc'"),
-        (TICTrace, {"curvature": "hutchinson"}, "tic_trace.curvature"),
+        (TICTrace, {"curvature": "hutchpp"}, "tic_trace.curvature"),
         (TICDiag, {"negative_curvature": "clip"}, "tic_diag.negative_curvature"),
         (HessMaxEV, {"k": 5, "basis_size": 6}, "basis_size (6) must be at least k + 2 (7)"),
         (HessMaxEV, {"which": "smallest"}, "hess_max_ev.which"),

@@ -1,4 +1,4 @@
-"""Common pieces of the trace estimators: result type, probes, per-block sums."""
+"""Common pieces of the trace and diagonal estimators: result types, probes, per-block sums."""
 
 from __future__ import annotations
 
@@ -52,6 +52,58 @@ class TraceEstimate:
         se_blocks = (samples.std(0, correction=1) / math.sqrt(n)).numpy()
         se_total = float(samples.sum(1).std(correction=1) / math.sqrt(n))
         return cls(per_param, se_blocks, se_total, hvps)
+
+
+@dataclass(frozen=True)
+class DiagEstimate:
+    """An estimate of ``diag(A)`` as the mean of ``n`` unbiased sample vectors.
+
+    Keeping the samples (``n x D`` numbers, as many as the probes and their products)
+    gives the standard error of any linear function of the diagonal, which is what the
+    delta method needs to propagate the error into a smooth function of it.
+
+    Attributes:
+        samples: ``[n, D]``; row ``i`` is an unbiased estimate of ``diag(A)``.
+        hvps: Matrix-vector products used.
+
+    """
+
+    samples: Tensor
+    hvps: int
+
+    @property
+    def diagonal(self) -> Tensor:
+        """``[D]`` estimate of ``diag(A)``: the mean of the samples."""
+        return self.samples.mean(0)
+
+    @property
+    def std_error(self) -> Tensor:
+        """``[D]`` per-entry ``std(samples, ddof=1) / sqrt(n)`` (NaN if ``n < 2``)."""
+        return self.std_error_of(None)
+
+    def std_error_of(self, weights: Tensor | None, sizes: Sequence[int] | None = None) -> Tensor:
+        """Standard error of ``w^T d`` (``d`` the estimate), or of each block's part of it.
+
+        Args:
+            weights: ``[D]`` weights ``w``; ``None`` for the per-entry errors (``[D]``).
+            sizes: Entries of each block: return ``[n_blocks]`` errors of
+                ``sum_{j in b} w_j d_j``; ``None``: one error of ``w^T d`` (a 0-d tensor).
+
+        Returns:
+            ``std`` over the ``n`` samples of the same function of each sample, over
+            ``sqrt(n)``; NaN with fewer than two samples.
+
+        """
+        n = self.samples.shape[0]
+        if weights is None:
+            values = self.samples
+        elif sizes is None:
+            values = self.samples @ weights
+        else:
+            values = block_sums((self.samples * weights).T, sizes).T
+        if n < 2:
+            return torch.full(values.shape[1:], float("nan"), dtype=values.dtype)
+        return values.std(0, correction=1) / math.sqrt(n)
 
 
 def rademacher(gen: torch.Generator, dim: int, count: int) -> Tensor:
