@@ -23,9 +23,14 @@ kernel of ``scaled_dot_product_attention`` (the fused kernels have no double bac
 
 Cost control: the Hessian diagonal is refused (``supports()`` says why, naming the
 estimators) when the tracked parameters have more than ``max_hvps`` entries (default
-50 000); raise the bound with ``AutodiffProvider.max_hvps = ...`` before building the
-Cockpit, or use ``hess_trace`` with ``method="hutchinson"``. It never degrades silently to
-an estimate.
+50 000); set the bound per Cockpit (:mod:`cockpit_autodiff.options`:
+``Cockpit(..., registry=autodiff_registry(max_hvps=N))``), or use ``hess_trace`` with
+``method="hutchinson"``, ``"hutchpp"`` or ``"xtrace"``. It never degrades silently to an
+estimate.
+
+Randomness: ``diag_ggn_mc`` draws from the provider's own ``torch.Generator`` (option
+``mc_seed``), never from the global RNG, so tracking it leaves the training's random
+stream (dropout, data order) as it would be without cockpit.
 
 Under a ``torch.amp.GradScaler`` nothing needs unscaling: the loss is recomputed, so
 :attr:`~cockpit_core.Collection.loss_scale` does not enter. The ``cost`` (20) is above
@@ -37,14 +42,22 @@ dropout, no BatchNorm in training mode).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
+from cockpit_autodiff.options import (
+    DEFAULT_BLOCK,
+    DEFAULT_MAX_HVPS,
+    OPTION_NAMES,
+    AutodiffOptions,
+    resolve_options,
+)
 from cockpit_core import Collection, MissingInfoError, ParamSlot, StatisticProvider
 from cockpit_core.attention import math_attention
 from cockpit_core.errors import MisuseError
@@ -54,12 +67,6 @@ try:  # written separately; until it exists the GGN kinds are declined with a re
     from cockpit_autodiff.ggn_diagonal import ggn_diagonal
 except ImportError:  # pragma: no cover - depends on the installed version
     ggn_diagonal = None
-
-DEFAULT_MAX_HVPS = 50_000
-"""Largest number of tracked parameter entries whose exact Hessian diagonal is computed."""
-
-DEFAULT_BLOCK = 256
-"""Unit vectors per batched double-backward call (memory: ``block`` x the backward pass)."""
 
 GGN_KINDS = frozenset({"diag_ggn_exact", "diag_ggn_mc"})
 
@@ -74,9 +81,11 @@ def hvp_refusal(entries: int, limit: int) -> str:
         f"{entries:,} per tracked step, above max_hvps={limit:,}. Use an estimator: "
         "hess_trace with method='hutchinson' (probes=S Rademacher probes, S Hessian-vector "
         "products; expected error: standard deviation sqrt(2 (||H||_F^2 - sum_i H_ii^2) / S) "
-        "per block, at most sqrt(2/S) ||H||_F), or curvature='diag_ggn_mc' for the TIC "
-        "quantities; or raise the bound (AutodiffProvider.max_hvps = N before building the "
-        "Cockpit)"
+        "per block, at most sqrt(2/S) ||H||_F), method='hutchpp' or method='xtrace' (the "
+        "same S products, smaller error when a few eigenvalues dominate; each reports its "
+        "std_error), or curvature='diag_ggn_mc' for the TIC quantities; or raise the bound "
+        "for this Cockpit: Cockpit(..., registry=cockpit_autodiff.autodiff_registry("
+        "max_hvps=N))"
     )
 
 
@@ -171,14 +180,19 @@ class AutodiffProvider(StatisticProvider):
     """Exact curvature diagonals of any model, from a loss recomputed after ``backward``.
 
     Needs ``cp.attach(model, loss_fn)`` (a per-sample loss) and the batch in
-    ``info["inputs"]`` and ``info["targets"]``. Class attributes (defaults; a Cockpit's
-    provider options of the same names take precedence):
+    ``info["inputs"]`` and ``info["targets"]``. Class attributes are the defaults of the
+    options (:class:`~cockpit_autodiff.options.AutodiffOptions`); the Cockpit's provider
+    options of the same names take precedence, and :meth:`configured` makes a subclass
+    with other defaults (for one Cockpit's registry, see
+    :func:`~cockpit_autodiff.options.autodiff_registry`).
 
     Attributes:
         max_hvps: Largest number of tracked parameter entries (= Hessian-vector products
             per step) for which ``diag_hessian`` is computed; above it ``supports()``
             declines and names the estimators.
         block: Unit vectors per batched double-backward call (memory grows linearly).
+        mc_seed: Seed of the provider's own generator of ``diag_ggn_mc``'s draws.
+        settings: This instance's validated options.
 
     """
 
@@ -192,25 +206,61 @@ class AutodiffProvider(StatisticProvider):
     recomputes = True
     max_hvps: int = DEFAULT_MAX_HVPS
     block: int = DEFAULT_BLOCK
+    mc_seed: int = 0
 
-    def _option(self, key: str) -> int:
-        value = self.options.get(key)
-        return int(getattr(type(self), key) if value is None else value)
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        options: Mapping[str, Any] | None = None,
+    ):
+        super().__init__(params, names, options)
+        self.settings: AutodiffOptions = resolve_options(self.defaults(), self.options)
+        self._generator: torch.Generator | None = None
+        self._named: dict[int, str] | None = None
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """The class's option defaults (its attributes ``max_hvps``, ``block``, ``mc_seed``)."""
+        return {key: getattr(cls, key) for key in OPTION_NAMES}
+
+    @classmethod
+    def configured(cls, **options: Any) -> type[AutodiffProvider]:
+        """A subclass whose defaults are ``options`` (validated), for one registry.
+
+        Raises:
+            ConfigError: An unknown option or an invalid value.
+
+        """
+        settings = resolve_options(cls.defaults(), options, only_known=False)
+        return type(cls.__name__, (cls,), {"__module__": cls.__module__, **settings.model_dump()})
 
     @property
     def hvp_limit(self) -> int:
         """``max_hvps`` of this instance."""
-        return self._option("max_hvps")
+        return self.settings.max_hvps
+
+    def mc_generator(self) -> torch.Generator:
+        """The generator of ``diag_ggn_mc``'s draws: seeded once, then advanced step by step.
+
+        Seeded with ``mc_seed + 1000003 r`` on process ``r`` of ``torch.distributed``, so
+        processes draw independently; micro-batches of one step draw one after the other.
+        """
+        if self._generator is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            seed = self.settings.mc_seed + 1_000_003 * rank
+            self._generator = torch.Generator().manual_seed(seed)
+        return self._generator
 
     def attach(self, model: torch.nn.Module, loss_fn: Any = None) -> None:  # noqa: D102
         super().attach(model, loss_fn)
-        self._named: dict[int, str] | None = None
+        self._named = None
 
     def _names(self) -> dict[int, str]:
         """``id(param) -> name`` in the attached model."""
         if self.model is None:
             return {}
-        if getattr(self, "_named", None) is None:
+        if self._named is None:
             self._named = {id(p): n for n, p in self.model.named_parameters()}
         return self._named
 
@@ -309,7 +359,7 @@ class AutodiffProvider(StatisticProvider):
                 return losses.reshape(batch, -1).mean(1).sum() / batch
 
             with math_attention():
-                diag = hessian_diagonal(mean_loss, tracked, self._option("block"))
+                diag = hessian_diagonal(mean_loss, tracked, self.settings.block)
         else:
             if ggn_diagonal is None:
                 return "cockpit_autodiff.ggn_diagonal is not available in this installation"
@@ -318,6 +368,9 @@ class AutodiffProvider(StatisticProvider):
                 return "the GGN needs a loss cockpit can name (cross-entropy or MSE)"
             mc = dict(stat.options).get("mc_samples", 1) if stat.kind == "diag_ggn_mc" else None
             detached = {n: p.detach() for n, p in tracked.items()}
+            gen = self.mc_generator() if mc is not None else None
             with math_attention():
-                diag = ggn_diagonal(model, detached, inputs, targets, loss, mc_samples=mc)
+                diag = ggn_diagonal(
+                    model, detached, inputs, targets, loss, mc_samples=mc, generator=gen
+                )
         return {i: diag[names[id(self.params[i])]].detach() for i in served}

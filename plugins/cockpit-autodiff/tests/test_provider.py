@@ -8,14 +8,13 @@ import time
 import numpy as np
 import pytest
 import torch
-from cockpit_autodiff import AutodiffProvider, hessian_diagonal
+from cockpit_autodiff import AutodiffProvider, autodiff_registry, hessian_diagonal
 from cockpit_autodiff.provider import hvp_refusal, loss_name
 from cockpit_curvature import HessTrace, TICDiag, TICTrace
 
 from cockpit_core import Cockpit
 from cockpit_core.attention import math_attention
 from cockpit_core.errors import UnsupportedModelError
-from cockpit_core.registry import ProviderEntry, Registry
 from cockpit_core.testing import check_provider, tiny_mlp, tiny_transformer
 from cockpit_core.testing.reference import explicit_ggn, explicit_hessian, per_sample_gradients
 
@@ -113,16 +112,7 @@ def test_autodiff_provider_passes_the_conformance_kit():
     assert "transformer diag_ggn_exact: 16 parameter(s) match" in text
 
 
-def _registry_with(cls):
-    registry = Registry.from_entry_points()
-    registry.providers["autodiff"] = ProviderEntry(cls, "<test>", "0")
-    return registry
-
-
 def test_max_hvps_refuses_with_the_estimators_named():
-    class Bounded(AutodiffProvider):
-        max_hvps = 100
-
     problem = tiny_transformer(extended=False)
     entries = sum(p.numel() for p in problem.make_model().parameters())
     message = hvp_refusal(entries, 100)
@@ -130,10 +120,13 @@ def test_max_hvps_refuses_with_the_estimators_named():
         f"the exact Hessian diagonal needs one Hessian-vector product per parameter entry: "
         f"{entries:,} per tracked step, above max_hvps=100."
     )
-    assert "hess_trace with method='hutchinson'" in message
+    for method in ("hutchinson", "hutchpp", "xtrace"):
+        assert f"hess_trace with method='{method}'" in message or f"method='{method}'" in message
     assert "sqrt(2 (||H||_F^2 - sum_i H_ii^2) / S)" in message
+    assert "curvature='diag_ggn_mc'" in message
+    assert "autodiff_registry(max_hvps=N)" in message
     model = problem.make_model()
-    cp = Cockpit(model, [HessTrace()], registry=_registry_with(Bounded), on_error="raise")
+    cp = Cockpit(model, [HessTrace()], registry=autodiff_registry(max_hvps=100), on_error="raise")
     cp.attach(model, torch.nn.CrossEntropyLoss(reduction="none"))
     assert message in str(cp.check(model))
     x, y = problem.batch(0)
@@ -141,6 +134,7 @@ def test_max_hvps_refuses_with_the_estimators_named():
     with pytest.raises(UnsupportedModelError, match="above max_hvps=100"):
         with cp(0, info={"loss": loss, "batch_size": len(x), "inputs": x, "targets": y}):
             loss.backward()
+    assert AutodiffProvider.max_hvps == 50_000  # the bound belongs to that Cockpit only
 
 
 def test_backpack_still_serves_the_extended_mlp():
