@@ -277,7 +277,7 @@ def memory_run(steps: int) -> dict[str, Any]:
                 tensors = sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
                 with open(f"/proc/{os.getpid()}/statm") as f:
                     rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-                marks[step + 1] = (rss / 2**20, tensors, len(cp._cache))
+                marks[step + 1] = (rss / 2**20, tensors, len(cp._tracker.cache))
         seconds = time.perf_counter() - start
     cycle = sum("reference cycle" in str(w.message) for w in caught)
     return {"marks": marks, "cycle_warnings": cycle, "errors": len(cp.errors), "seconds": seconds}

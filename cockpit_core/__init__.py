@@ -2,63 +2,149 @@
 
 The core defines the quantity protocol, scheduling, caching and requirement merging;
 quantities live in plugins found through the ``cockpit`` entry-point group.
+
+The public names below are imported when first used (PEP 562), so that ``import
+cockpit_core`` (and ``cockpit --help``) does not import torch; ``from cockpit_core import
+Cockpit`` works as usual. Sub-namespaces hold the rest: :mod:`cockpit_core.errors`,
+:mod:`cockpit_core.dashboard` (instruments), :mod:`cockpit_core.testing` (the plugin kit),
+:mod:`cockpit_core.statistics` (providers), :mod:`cockpit_core.log` (logs).
 """
 
-from importlib import metadata as _metadata
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from cockpit_core.cache import Cache
-from cockpit_core.cockpit import Cockpit
-from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities
-from cockpit_core.context import StepContext
-from cockpit_core.errors import (
-    CockpitError,
-    CockpitWarning,
-    ConfigError,
-    DuplicateQuantityError,
-    MissingInfoError,
-    MisuseError,
-    RequirementConflictError,
-    UnknownQuantityError,
-    UnsupportedModelError,
-)
-from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
-from cockpit_core.log import read_log
-from cockpit_core.quantity import Quantity, QuantityConfig, TwoStepQuantity
-from cockpit_core.registry import Registry, default_registry
-from cockpit_core.requirements import (
-    BATCH_DOT,
-    BATCH_L2,
-    BATCH_PROJECTION,
-    DIAG_GGN_EXACT,
-    DIAG_HESSIAN,
-    GRAD_BATCH,
-    SUM_GRAD_SQUARED,
-    Requirements,
-    Statistic,
-    diag_ggn_mc,
-    per_sample_projection,
-    per_sample_transform,
-)
-from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
-from cockpit_core.statistics.kinds import StatisticKind
-from cockpit_core.statistics.per_sample import (
-    ConvGrads,
-    DenseGrads,
-    EmbeddingGrads,
-    OuterProductGrads,
-    PerSampleGrads,
-)
-from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
+if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by a test
+    from cockpit_core.cache import Cache
+    from cockpit_core.cockpit import Cockpit
+    from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities
+    from cockpit_core.context import StepContext
+    from cockpit_core.errors import (
+        CockpitError,
+        CockpitWarning,
+        ConfigError,
+        DuplicateNameError,
+        DuplicateQuantityError,
+        MissingInfoError,
+        MisuseError,
+        RequirementConflictError,
+        UnknownInstrumentError,
+        UnknownNameError,
+        UnknownPresetError,
+        UnknownQuantityError,
+        UnknownSinkError,
+        UnsupportedModelError,
+    )
+    from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
+    from cockpit_core.log import read_log
+    from cockpit_core.quantity import Quantity, QuantityConfig, TwoStepQuantity
+    from cockpit_core.registry import Registry, default_registry
+    from cockpit_core.requirements import (
+        BATCH_DOT,
+        BATCH_L2,
+        BATCH_PROJECTION,
+        DIAG_GGN_EXACT,
+        DIAG_HESSIAN,
+        GRAD_BATCH,
+        SUM_GRAD_SQUARED,
+        Requirements,
+        Statistic,
+        diag_ggn_mc,
+        per_sample_projection,
+        per_sample_transform,
+    )
+    from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
+    from cockpit_core.statistics.kinds import StatisticKind
+    from cockpit_core.statistics.per_sample import (
+        ConvGrads,
+        DenseGrads,
+        EmbeddingGrads,
+        OuterProductGrads,
+        PerSampleGrads,
+    )
+    from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
 
-try:
-    __version__ = _metadata.version("cockpit-core")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
+_EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped by topic
+    # tracking a training run
+    "Cockpit": "cockpit_core.cockpit",
+    "read_log": "cockpit_core.log",
+    # configuration
+    "config_json_schema": "cockpit_core.config",
+    "load_config_file": "cockpit_core.config",
+    "resolve_quantities": "cockpit_core.config",
+    # writing quantities
+    "Quantity": "cockpit_core.quantity",
+    "QuantityConfig": "cockpit_core.quantity",
+    "TwoStepQuantity": "cockpit_core.quantity",
+    "StepContext": "cockpit_core.context",
+    "Cache": "cockpit_core.cache",
+    "EveryN": "cockpit_core.schedules",
+    "ExplicitSteps": "cockpit_core.schedules",
+    "Logarithmic": "cockpit_core.schedules",
+    # statistics a quantity requires
+    "Requirements": "cockpit_core.requirements",
+    "Statistic": "cockpit_core.requirements",
+    "BATCH_DOT": "cockpit_core.requirements",
+    "BATCH_L2": "cockpit_core.requirements",
+    "BATCH_PROJECTION": "cockpit_core.requirements",
+    "DIAG_GGN_EXACT": "cockpit_core.requirements",
+    "DIAG_HESSIAN": "cockpit_core.requirements",
+    "GRAD_BATCH": "cockpit_core.requirements",
+    "SUM_GRAD_SQUARED": "cockpit_core.requirements",
+    "diag_ggn_mc": "cockpit_core.requirements",
+    "per_sample_projection": "cockpit_core.requirements",
+    "per_sample_transform": "cockpit_core.requirements",
+    # statistics providers and kinds
+    "StatisticProvider": "cockpit_core.statistics.provider",
+    "StatisticKind": "cockpit_core.statistics.kinds",
+    "Collection": "cockpit_core.statistics.provider",
+    "ParamSlot": "cockpit_core.statistics.provider",
+    "PerSampleGrads": "cockpit_core.statistics.per_sample",
+    "DenseGrads": "cockpit_core.statistics.per_sample",
+    "ConvGrads": "cockpit_core.statistics.per_sample",
+    "EmbeddingGrads": "cockpit_core.statistics.per_sample",
+    "OuterProductGrads": "cockpit_core.statistics.per_sample",
+    # plugins
+    "hookimpl": "cockpit_core.hookspecs",
+    "PROTOCOL_VERSION": "cockpit_core.hookspecs",
+    "Registry": "cockpit_core.registry",
+    "default_registry": "cockpit_core.registry",
+    # errors and warnings
+    "CockpitError": "cockpit_core.errors",
+    "CockpitWarning": "cockpit_core.errors",
+    "ConfigError": "cockpit_core.errors",
+    "MissingInfoError": "cockpit_core.errors",
+    "MisuseError": "cockpit_core.errors",
+    "RequirementConflictError": "cockpit_core.errors",
+    "UnsupportedModelError": "cockpit_core.errors",
+    "UnknownNameError": "cockpit_core.errors",
+    "UnknownQuantityError": "cockpit_core.errors",
+    "UnknownPresetError": "cockpit_core.errors",
+    "UnknownSinkError": "cockpit_core.errors",
+    "UnknownInstrumentError": "cockpit_core.errors",
+    "DuplicateNameError": "cockpit_core.errors",
+    "DuplicateQuantityError": "cockpit_core.errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str) -> _Any:
-    """``cockpit_core.extend``: BackPACK's ``extend``, from the cockpit-backpack plugin."""
+    """Import a public name on first use; ``__version__``; ``extend`` from cockpit-backpack."""
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(_importlib.import_module(module), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            version = metadata.version("cockpit-core")
+        except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+            version = "0+unknown"
+        globals()["__version__"] = version
+        return version
     if name == "extend":
         try:
             from cockpit_backpack import extend
@@ -73,53 +159,5 @@ def __getattr__(name: str) -> _Any:
     raise AttributeError(f"module 'cockpit_core' has no attribute {name!r}")
 
 
-__all__ = [
-    "BATCH_DOT",
-    "BATCH_L2",
-    "BATCH_PROJECTION",
-    "DIAG_GGN_EXACT",
-    "DIAG_HESSIAN",
-    "GRAD_BATCH",
-    "PROTOCOL_VERSION",
-    "SUM_GRAD_SQUARED",
-    "Cache",
-    "Cockpit",
-    "Collection",
-    "ConvGrads",
-    "DenseGrads",
-    "EmbeddingGrads",
-    "OuterProductGrads",
-    "ParamSlot",
-    "PerSampleGrads",
-    "StatisticKind",
-    "StatisticProvider",
-    "CockpitError",
-    "CockpitWarning",
-    "ConfigError",
-    "DuplicateQuantityError",
-    "EveryN",
-    "ExplicitSteps",
-    "Logarithmic",
-    "MisuseError",
-    "MissingInfoError",
-    "Quantity",
-    "QuantityConfig",
-    "Registry",
-    "RequirementConflictError",
-    "Requirements",
-    "Statistic",
-    "StepContext",
-    "TwoStepQuantity",
-    "UnknownQuantityError",
-    "UnsupportedModelError",
-    "__version__",
-    "config_json_schema",
-    "default_registry",
-    "diag_ggn_mc",
-    "hookimpl",
-    "load_config_file",
-    "per_sample_projection",
-    "per_sample_transform",
-    "read_log",
-    "resolve_quantities",
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -22,69 +22,17 @@ micro-batch's backward pass; what they leave on the parameters is the provider's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from cockpit_core.errors import MisuseError
-from cockpit_core.mixed_precision import LossGradient
+from cockpit_core.requirements import Statistic
 from cockpit_core.statistics.combine import combine
 
-if TYPE_CHECKING:
-    from cockpit_core.step import StepRun
 
-
-@contextmanager
-def micro_batch(run: StepRun, info: dict[str, Any] | None) -> Iterator[None]:
-    """Collect one micro-batch's statistics around its ``backward()`` (see the module doc).
-
-    Args:
-        run: The step's ``with cp(step, info=..., accumulate=True)`` block.
-        info: This micro-batch's ``loss`` (the scaled loss that is backpropagated; summed
-            over micro-batches), ``individual_losses`` (concatenated) and ``batch_size``.
-
-    """
-    if not getattr(run, "accumulate", False):
-        raise MisuseError(
-            "run.micro_batch() needs a step opened with cp(step, info=..., accumulate=True)."
-        )
-    info = dict(info or {})
-    merged = run.merged
-    ctx = None
-    stats: dict = {}
-    missing: dict = {}
-    requests = getattr(run, "requests", ())
-    if merged.statistics or requests:
-        ctx = run.cp._backend.collect(
-            merged,
-            run.batch_size,
-            info={**run.info, **info},
-            eager=False,
-            samples=_micro_size(info) or None,
-            loss_scale=run.loss_scale,
-            requests=requests,
-        )
-        stats, missing = ctx.__enter__()
-    probe = LossGradient(info.get("loss"))
-    run.loss_gradients.append(probe)
-    try:
-        yield
-    except BaseException as err:
-        probe.close()
-        if ctx is not None:
-            ctx.__exit__(type(err), err, err.__traceback__)
-        raise
-    probe.close()
-    if ctx is not None:
-        ctx.__exit__(None, None, None)
-    share = _micro_size(info) / run.batch_size if _micro_size(info) else None
-    _merge_stats(run, stats, missing, share)
-    _merge_info(run.info, info)
-
-
-def _micro_size(info: dict[str, Any]) -> int:
+def micro_batch_size(info: dict[str, Any]) -> int:
+    """Samples of one micro-batch: ``info["batch_size"]`` or ``len(individual_losses)`` (0: unknown)."""
     if info.get("batch_size"):
         return int(info["batch_size"])
     if "individual_losses" in info:
@@ -92,33 +40,51 @@ def _micro_size(info: dict[str, Any]) -> int:
     return 0
 
 
-def _merge_stats(run: StepRun, stats: dict, missing: dict, share: float | None) -> None:
-    """Combine one micro-batch's statistics into the step's, by each kind's combine rule."""
+def merge_stats(
+    declared: Sequence[Statistic],
+    total: dict,
+    total_missing: dict,
+    stats: dict,
+    missing: dict,
+    share: float | None,
+) -> None:
+    """Combine one micro-batch's statistics into the step's, by each kind's combine rule.
+
+    Args:
+        declared: The step's statistics.
+        total: The step's statistics so far (updated in place).
+        total_missing: The step's missing-statistic messages (updated in place).
+        stats: The micro-batch's statistics.
+        missing: The micro-batch's missing-statistic messages.
+        share: The micro-batch's share of the step's samples (``None``: unknown).
+
+    """
     for key, message in missing.items():
-        run.missing.setdefault(key, message)
-    by_ident = {s.identity: s for s in run.merged.statistics}
+        total_missing.setdefault(key, message)
+    by_ident = {s.identity: s for s in declared}
     for ident, values in stats.items():
         stat = by_ident[ident]
         if stat.combine == "mean":  # of the micro-batch's own mean loss: weight by its share
             if share is None:
-                run.missing.setdefault(
+                total_missing.setdefault(
                     ident, "pass info={'batch_size': ...} to each run.micro_batch()"
                 )
                 continue
             values = [None if v is None else v * share for v in values]
-        old = run.stats.get(ident)
+        old = total.get(ident)
         if old is None:
-            run.stats[ident] = list(values)
+            total[ident] = list(values)
             continue
         if stat.combine is None:
-            run.missing.setdefault(
+            total_missing.setdefault(
                 ident, f"{stat.describe()} cannot be combined across micro-batches."
             )
             continue
-        run.stats[ident] = [combine(stat, a, b) for a, b in zip(old, values)]
+        total[ident] = [combine(stat, a, b) for a, b in zip(old, values)]
 
 
-def _merge_info(total: dict[str, Any], info: dict[str, Any]) -> None:
+def merge_info(total: dict[str, Any], info: dict[str, Any]) -> None:
+    """Add a micro-batch's ``loss`` and append its ``individual_losses`` to the step's."""
     if "loss" in info:
         loss = info["loss"]
         total["loss"] = loss if "loss" not in total else total["loss"] + loss

@@ -74,6 +74,25 @@ class Cache:
         return sum(_nbytes(e.value) for e in self._entries.values())
 
 
+class QuantityCache:
+    """The core cache seen by one quantity: keys are private to it."""
+
+    def __init__(self, cache: Cache, owner: str):
+        self._cache, self._owner = cache, owner
+
+    def put(self, key: str, value: Any, expires_after: int | None = FOREVER) -> None:
+        """Keep ``value`` until step ``expires_after`` has passed (``None``: for the run)."""
+        self._cache.put(self._owner, key, value, expires_after)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Return a kept value or ``default``."""
+        return self._cache.get(self._owner, key, default)
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        """Remove and return a kept value."""
+        return self._cache.pop(self._owner, key, default)
+
+
 def _nbytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return value.element_size() * value.nelement()

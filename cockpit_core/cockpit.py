@@ -13,8 +13,8 @@ import torch
 
 from cockpit_core import checks
 from cockpit_core.attention import MathAttentionHooks
-from cockpit_core.cache import Cache
 from cockpit_core.config import (
+    CockpitSettings,
     QuantitySpec,
     load_config_file,
     parse_settings,
@@ -23,19 +23,19 @@ from cockpit_core.config import (
 from cockpit_core.config_quantities import quantity_entry, resolve_added_quantity
 from cockpit_core.coverage import CoverageReport, check_model
 from cockpit_core.distributed import Distributed, active_group, writes_here
-from cockpit_core.error_policy import ErrorPolicy
-from cockpit_core.errors import CockpitWarning, ConfigError, MissingInfoError, MisuseError
+from cockpit_core.errors import CockpitWarning, ConfigError, MisuseError
 from cockpit_core.log import LogWriter
 from cockpit_core.metrics import METRICS_KEY, clean_metrics
 from cockpit_core.normalize import check_unique_keys, split_params
-from cockpit_core.planner import Planner
 from cockpit_core.quantity import Quantity
 from cockpit_core.registry import Registry, default_registry
+from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.step import StepRun
+from cockpit_core.tracker import Record, Sink, Tracker
 
-Record = dict[str, Any]
-Sink = Callable[[Record], None]
+_PYTHON_OBJECTS = ("quantities", "sinks", "live_plot")
+"""Settings that may hold Python objects in the constructor; checked when they are resolved."""
 
 
 class Cockpit:
@@ -68,6 +68,9 @@ class Cockpit:
             ``"backpack"``, ``"func"``) or a list of names in order of preference. See
             ``docs/any_model.md`` and ``docs/providers.md``.
         chunk_size: Samples per ``torch.func`` pass (bounds its memory; ``None``: the batch).
+        provider_options: Options of individual providers by name, e.g.
+            ``{"autodiff": {"max_hvps": 100_000}}`` (validated against each provider's
+            ``options_model``; see ``docs/providers.md``).
         keep_in_memory: Keep values for :meth:`get_output`; ``False`` only streams them
             (records the log cannot write yet, e.g. on a full disk, then exist only in its
             bounded buffer).
@@ -109,24 +112,19 @@ class Cockpit:
         sinks: Iterable[Any] = (),
         live_plot: str | Path | None = None,
         live_every: int = 50,
-        backend: str = "auto",
+        backend: str | list[str] = "auto",
         chunk_size: int | None = None,
+        provider_options: Mapping[str, Mapping[str, Any]] | None = None,
         distributed: str = "auto",
         write_on: str = "rank0",
         _source: str | None = None,
     ):
+        options = locals()  # the settings, declared once: CockpitSettings (config_settings.py)
         parse_settings(
             {
-                "on_error": on_error,
-                "debug": debug,
-                "keep_in_memory": keep_in_memory,
-                "log": None if log is None else str(log),
-                "log_fsync_every": log_fsync_every,
-                "live_every": live_every,
-                "backend": backend,
-                "chunk_size": chunk_size,
-                "distributed": distributed,
-                "write_on": write_on,
+                name: str(options[name]) if name == "log" and log is not None else options[name]
+                for name in CockpitSettings.model_fields
+                if name not in _PYTHON_OBJECTS
             },
             _source,
         )
@@ -136,11 +134,10 @@ class Cockpit:
         self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
         check_unique_keys(self.quantities, _source)
         self.on_error = on_error
-        self.debug = debug
         self.keep_in_memory = keep_in_memory
-        self.sinks: list[Sink] = []
+        sink_list: list[Sink] = []
         group = active_group(distributed)
-        self._dist = Distributed(group) if group is not None else None
+        dist = Distributed(group) if group is not None else None
         if not writes_here(write_on):  # another process writes
             log, sinks, live_plot = None, (), None
         extra_sinks = [self.registry.make_sink(spec) for spec in sinks]  # fail before any I/O
@@ -155,37 +152,37 @@ class Cockpit:
                 [("log", f"cannot open the log file {log!r}: {err}")], _source
             ) from None
         if self._log is not None:
-            self.sinks.append(self._log)
-        self.sinks.extend(extra_sinks)
+            sink_list.append(self._log)
+        sink_list.extend(extra_sinks)
         try:
-            self._backend = StatisticsRouter(
+            router = StatisticsRouter(
                 self.params,
                 self.param_names,
                 {name: entry.cls for name, entry in self.registry.providers.items()},
                 backend,
                 {"chunk_size": chunk_size},
+                provider_options,
             )
         except ConfigError as err:
             raise ConfigError(err.errors, _source) from None
         if model is not None:
-            self._backend.attach(model)
+            router.attach(model)
+        self._router = router
         self._warn_unprovided_kinds()
         self._attention_hooks: MathAttentionHooks | None = None
         self._math_attention = False
-        self._cache = Cache()
-        self._output: dict[int, dict[str, Any]] = {}
-        self._planner = Planner(self.quantities, self._backend)
-        self._policy = ErrorPolicy(on_error, self._emit, self._planner, self._cache)
-        self._planner.report = self._policy.quantity_failed  # raising schedules, requirements
-        self._watch = checks.ParameterWatch(self.params, self.param_names)
-        self._batch_norm_checked = False
-        self._last_step: int | None = None
-        self._in_step = False
-        self._info_checked = False
-        self._info_unchecked: list[Quantity] = []  # added by add(): check at the next step
-        self._added_at: dict[str, int] = {}  # key of an added quantity -> its first step
-        self._active_step: int | None = None  # the step of the active with block
-        self._emit({"kind": "header", **self.header()})
+        self._tracker = Tracker(
+            self.params,
+            self.param_names,
+            self.quantities,
+            router,
+            on_error=on_error,
+            sinks=sink_list,
+            dist=dist,
+            debug=debug,
+            keep_in_memory=keep_in_memory,
+        )
+        self._tracker.emit({"kind": "header", **self.header()})
 
     # -- construction helpers -------------------------------------------------------------
 
@@ -211,36 +208,22 @@ class Cockpit:
         settings = parse_settings(
             data, source, registry if registry is not None else default_registry()
         )
-        return cls(
-            params,
-            settings.quantities,
-            on_error=settings.on_error,
-            debug=settings.debug,
-            log=settings.log,
-            keep_in_memory=settings.keep_in_memory,
-            log_fsync_every=settings.log_fsync_every,
-            sinks=settings.sinks,
-            live_plot=settings.live_plot,
-            live_every=settings.live_every,
-            backend=settings.backend,
-            chunk_size=settings.chunk_size,
-            distributed=settings.distributed,
-            write_on=settings.write_on,
-            registry=registry,
-            _source=source,
-        )
+        options = {name: getattr(settings, name) for name in CockpitSettings.model_fields}
+        return cls(params, **options, registry=registry, _source=source)
 
     def header(self) -> Record:
         """Versions of the core and plugins, the quantities and a parameter summary."""
         from cockpit_core import __version__
 
+        tracker = getattr(self, "_tracker", None)  # None while the constructor runs
+        added_at = {} if tracker is None else tracker.added_at
         return {
             "cockpit_core": __version__,
             "plugins": {p.distribution: p.version for p in self.registry.plugins if p.ok},
             "quantities": [
                 {
                     **quantity_entry(q),
-                    **({"added_at": self._added_at[q.key]} if q.key in self._added_at else {}),
+                    **({"added_at": added_at[q.key]} if q.key in added_at else {}),
                 }
                 for q in self.quantities
             ],
@@ -276,11 +259,13 @@ class Cockpit:
             MisuseError: No installed provider accepts one of ``requests`` (on entry).
 
         """
-        return StepRun(self, step, dict(info or {}), accumulate=accumulate, requests=requests)
+        return StepRun(
+            self._tracker, step, dict(info or {}), accumulate=accumulate, requests=requests
+        )
 
     def retain_graph(self, step: int) -> bool:
         """Whether ``backward`` must keep the graph at ``step`` (a quantity needs HVPs)."""
-        return self._planner.plan(step)[1].loss_graph
+        return self._tracker.planner.plan(step)[1].loss_graph
 
     def create_graph(self, step: int) -> bool:
         """Cockpit 1.0.2 spelling of :meth:`retain_graph`.
@@ -310,8 +295,8 @@ class Cockpit:
             MisuseError: No installed provider accepts one of ``requests``.
 
         """
-        self._backend.request(requests, where=f"cp.prepare({step}, ...)")
-        self._planner.prepare(step)
+        self._router.request(requests, where=f"cp.prepare({step}, ...)")
+        self._tracker.planner.prepare(step)
 
     def add(self, quantity: QuantitySpec) -> Quantity:
         """Track one more quantity from the next step on.
@@ -336,26 +321,23 @@ class Cockpit:
             MisuseError: Called inside a ``with cp(step, ...)`` block.
 
         """
-        if self._in_step:
+        tracker = self._tracker
+        if tracker.in_step:
             raise MisuseError(
-                f"cp.add(...) called inside the `with cp({self._active_step}, ...)` block: add "
+                f"cp.add(...) called inside the `with cp({tracker.active_step}, ...)` block: add "
                 "quantities between steps (after the block, before the next forward pass); "
                 "they are tracked from the next step on."
             )
         q = resolve_added_quantity(quantity, self.quantities, self.registry)
         self._warn_unprovided_kinds([q])  # asks for its requirements before anything changes
-        step = 0 if self._last_step is None else self._last_step + 1
-        self.quantities.append(q)
-        self._planner.add(q)
-        self._added_at[q.key] = step
-        self._info_unchecked.append(q)
-        model = self._backend.model
+        step = tracker.add(q)  # appends to self.quantities
+        model = self._router.model
         if self._math_attention and self._attention_hooks is None and model is not None:
-            if any(r.loss_graph for r in q.all_requirements()):
+            if tracker.uses_hvp(q):
                 self._attention_hooks = MathAttentionHooks(
-                    model, lambda: not self._disabled_all_hvp()
+                    model, lambda: not tracker.all_hvp_disabled()
                 )
-        self._emit({"kind": "quantity_added", "step": step, "quantity": quantity_entry(q)})
+        tracker.emit({"kind": "quantity_added", "step": step, "quantity": quantity_entry(q)})
         return q
 
     def log(self, step: int, **metrics: Any) -> None:
@@ -384,18 +366,19 @@ class Cockpit:
 
         """
         step, measured = clean_metrics(step, metrics)
-        if self._in_step and step != self._active_step:
+        tracker = self._tracker
+        if tracker.in_step and step != tracker.active_step:
             raise MisuseError(
-                f"cp.log({step}, ...) called inside the `with cp({self._active_step}, ...)` "
+                f"cp.log({step}, ...) called inside the `with cp({tracker.active_step}, ...)` "
                 f"block: log metrics of step {step} outside that block, or pass step "
-                f"{self._active_step}."
+                f"{tracker.active_step}."
             )
         if not measured:
             return
         if self.keep_in_memory:
-            row = self._output.setdefault(step, {})
+            row = tracker.output.setdefault(step, {})
             row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **measured}
-        self._emit({"kind": "metrics", "step": step, "metrics": dict(measured)})
+        tracker.emit({"kind": "metrics", "step": step, "metrics": dict(measured)})
 
     def attach(
         self,
@@ -442,22 +425,19 @@ class Cockpit:
                 "cp.attach(model, loss_fn): loss_fn must be callable as loss_fn(outputs, "
                 "targets), e.g. torch.nn.CrossEntropyLoss(reduction='none')."
             )
-        self._backend.attach(model, loss_fn)
-        self._planner.prepare(self._last_step + 1 if self._last_step is not None else 0)
+        tracker = self._tracker
+        self._router.attach(model, loss_fn)
+        last = tracker.last_step
+        tracker.planner.prepare(last + 1 if last is not None else 0)
         if self._attention_hooks is not None:
             self._attention_hooks.remove()
             self._attention_hooks = None
-        uses_hvp = any(r.loss_graph for q in self.quantities for r in q.all_requirements())
         self._math_attention = math_attention
-        if math_attention and uses_hvp:
-            self._attention_hooks = MathAttentionHooks(model, lambda: not self._disabled_all_hvp())
+        if math_attention and any(tracker.uses_hvp(q) for q in self.quantities):
+            self._attention_hooks = MathAttentionHooks(
+                model, lambda: not tracker.all_hvp_disabled()
+            )
         return self
-
-    def _disabled_all_hvp(self) -> bool:
-        return all(
-            q.key in self._planner.disabled or not any(r.loss_graph for r in q.all_requirements())
-            for q in self.quantities
-        )
 
     def check(self, model: torch.nn.Module) -> CoverageReport:
         """Report, per quantity, whether it can be computed for ``model``, how, and why not.
@@ -469,9 +449,10 @@ class Cockpit:
         Per-sample quantities are unavailable while a tracked BatchNorm layer is in
         training mode (per-sample gradients are not defined there).
         """
-        if self._backend.model is not model:  # routing needs it; arm its providers too
-            self.attach(model, self._backend.loss_fn if self._backend.model is None else None)
-        report = check_model(self.quantities, model, self._backend, self._math_attention)
+        router = self._router
+        if router.model is not model:  # routing needs it; arm its providers too
+            self.attach(model, router.loss_fn if router.model is None else None)
+        report = check_model(self.quantities, model, router, self._math_attention)
         return self._refuse_batch_norm(report, model)
 
     def _refuse_batch_norm(self, report: CoverageReport, model: torch.nn.Module) -> CoverageReport:
@@ -504,7 +485,7 @@ class Cockpit:
     @property
     def errors(self) -> list[Record]:
         """Failures of quantities: step, quantity, phase, message, traceback summary."""
-        return self._policy.errors
+        return self._tracker.policy.errors
 
     @property
     def skipped(self) -> list[Record]:
@@ -513,7 +494,7 @@ class Cockpit:
         A non-finite loss or gradient (also a ``GradScaler``'s overflow), or no
         ``backward()`` inside the block.
         """
-        return self._policy.skipped
+        return self._tracker.policy.skipped
 
     def get_output(self) -> dict[int, dict[str, Any]]:
         """All values tracked so far as ``{step: {quantity_key: value}}``.
@@ -521,7 +502,7 @@ class Cockpit:
         Metrics logged with :meth:`log` are under the reserved key ``"metrics"``:
         ``{step: {..., "metrics": {name: value}}}``.
         """
-        return {s: dict(v) for s, v in sorted(self._output.items())}
+        return {s: dict(v) for s, v in sorted(self._tracker.output.items())}
 
     def write(self, path: str | Path) -> Path:
         """Write one consolidated JSON file (header, values, errors); read it with ``read_log``.
@@ -542,20 +523,21 @@ class Cockpit:
 
     def close(self) -> None:
         """Flush and close the log and every sink that has a ``close()`` method."""
-        self._planner.close()
-        for sink in list(self.sinks):
-            close = getattr(sink, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except (KeyboardInterrupt, GeneratorExit):
-                    raise
-                except BaseException as err:  # plugin code: one sink must not skip the others
-                    warnings.warn(
-                        f"cockpit: closing sink {sink!r} failed: {err} ({type(err).__name__})",
-                        CockpitWarning,
-                        stacklevel=2,
-                    )
+        self._tracker.close()
+
+    @property
+    def debug(self) -> bool:
+        """Print what is computed at each step (may be switched at any time)."""
+        return self._tracker.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self._tracker.debug = bool(value)
+
+    @property
+    def sinks(self) -> list[Sink]:
+        """Where every record goes: the log (if any), then the other sinks, in order."""
+        return self._tracker.sinks
 
     def plot(self, path: str | Path | None = None, **options: Any) -> Any:
         """Render the dashboard of what was tracked so far (``.png``, ``.svg`` or ``.pdf``).
@@ -571,12 +553,13 @@ class Cockpit:
 
     def _warn_unprovided_kinds(self, quantities: Iterable[Quantity] | None = None) -> None:
         """Warn now about statistics that no installed provider computes at all."""
-        providers = self._backend.providers.values()
+        providers = self._router.providers.values()
         for q in self.quantities if quantities is None else quantities:
             for stat in {
                 s.identity: s for r in q.all_requirements() for s in r.statistics
             }.values():
-                if any(p.delivers(stat.kind) for p in providers):
+                kind = stat.kind
+                if isinstance(kind, StatisticKind) and any(p.delivers(kind) for p in providers):
                     continue
                 hint = getattr(stat.kind, "install_hint", "")
                 warnings.warn(
@@ -586,85 +569,3 @@ class Cockpit:
                     CockpitWarning,
                     stacklevel=3,
                 )
-
-    def _check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
-        """Raise :class:`MissingInfoError` if ``info`` lacks a key the quantities need.
-
-        Quantities added with :meth:`add` since the last check are checked too, whether
-        they run at this step or not (as the first step checks every quantity).
-        """
-        problems = []
-        quantities = list(quantities)
-        added = [q for q in self._info_unchecked if all(q is not t for t in quantities)]
-        for q in quantities + added:
-            try:
-                needed = set(q.required_info())
-                per_sample = any(s.per_sample for r in q.all_requirements() for s in r.statistics)
-            except (KeyboardInterrupt, GeneratorExit):
-                raise
-            except BaseException:  # plugin code: the planner records it when it plans the step
-                continue
-            if per_sample and "individual_losses" not in info:
-                needed.add("batch_size")
-            added_by = " (added with cp.add)" if q.key in self._added_at else ""
-            for key in sorted(needed - set(info)):
-                problems.append(f"'{q.key}'{added_by} needs info['{key}']")
-        if problems:
-            raise MissingInfoError(
-                "Missing info keys: " + "; ".join(problems) + ". Pass them at every step: "
-                "with cp(step, info={...}). Common keys: loss, individual_losses, "
-                "batch_size, optimizer."
-            )
-        self._info_unchecked = []
-
-    # -- running a step -------------------------------------------------------------------
-
-    def _warn_misuse(self, info: Mapping[str, Any]) -> None:
-        for message in (
-            checks.optimizer_mismatch(info.get("optimizer"), self.params),
-            checks.reduction_mismatch(info),
-        ):
-            if message:
-                warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=4)
-
-    def _emit(self, record: Record) -> None:
-        for sink in list(self.sinks):
-            try:
-                sink(record)
-            except (KeyboardInterrupt, GeneratorExit):
-                raise
-            except BaseException as err:  # a broken sink (even SystemExit) must not stop training
-                self.sinks.remove(sink)
-                warnings.warn(
-                    f"cockpit: sink {sink!r} failed and was removed: {err} ({type(err).__name__})",
-                    CockpitWarning,
-                    stacklevel=3,
-                )
-        if record.get("kind") != "values" or not isinstance(record.get("values"), dict):
-            return
-        from cockpit_core.log import unserializable_notes
-
-        step = record.get("step")
-        for key, value in record["values"].items():
-            notes = unserializable_notes(value)
-            if not notes:
-                continue
-            more = f"; and {len(notes) - 3} more" if len(notes) > 3 else ""
-            shown = "; ".join(notes[:3]) + more
-            error = {
-                "kind": "error",
-                "step": step,
-                "quantity": key,
-                "phase": "serialize",
-                "error": f"UnserializableValue: {shown}",
-                "traceback": [],
-            }
-            self._policy.errors.append(error)
-            self._emit(error)
-            self._policy.warn_once(
-                (key, "unserializable"),
-                f"the value of quantity '{key}' at step {step} cannot be logged as it is "
-                f"({shown}); training continues. The error (phase 'serialize') is in "
-                "cp.errors and the log; see docs/log_format.md for what can be logged.",
-                stacklevel=6,  # user's with block > StepRun.__exit__ > run_tasks > _emit
-            )

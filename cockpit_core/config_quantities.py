@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Union
 
-from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
+from cockpit_core.errors import ConfigError, DuplicateNameError, UnknownNameError
 from cockpit_core.metrics import METRICS_KEY
 from cockpit_core.quantity import Quantity, validate_config
 from cockpit_core.registry import Registry
@@ -198,7 +198,7 @@ def _instantiate(
 ) -> Quantity:
     try:
         cls = registry.get(name)
-    except (UnknownQuantityError, DuplicateQuantityError) as err:
+    except (UnknownNameError, DuplicateNameError) as err:
         raise ConfigError([(name_path, str(err))]) from None
     config = validate_config(cls.Config, options, prefix=path)
     return cls(config)

@@ -99,6 +99,11 @@ class CockpitSettings(BaseModel):
         strict=True,
         description="Samples per torch.func pass (bounds its memory); null: the whole batch.",
     )
+    provider_options: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="Options of individual statistics providers, by provider name, e.g. "
+        "{autodiff = {max_hvps = 100000}}; each provider documents its own (docs/providers.md).",
+    )
     distributed: Literal["auto", "off"] = Field(
         "auto",
         description="'auto': under torch.distributed with several processes, quantities "

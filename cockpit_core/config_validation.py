@@ -14,7 +14,7 @@ from typing import Any
 
 from cockpit_core.config_quantities import resolve_quantities
 from cockpit_core.config_settings import CockpitSettings
-from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
+from cockpit_core.errors import ConfigError, DuplicateNameError, UnknownNameError
 from cockpit_core.quantity import Quantity, validate_config
 from cockpit_core.registry import Registry
 
@@ -154,7 +154,7 @@ def _validate_sink(entry: Any, registry: Registry, path: str) -> ValidatedSink:
     name_path = path if isinstance(entry, str) else f"{path}.name"
     try:
         sink = registry.sink_entry(name)
-    except (UnknownQuantityError, DuplicateQuantityError) as err:
+    except (UnknownNameError, DuplicateNameError) as err:
         raise ConfigError([(name_path, str(err))]) from None
     options = {} if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "name"}
     return ValidatedSink(path, name, sink.validate(options, prefix=path))

@@ -14,6 +14,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from types import FrameType
 from typing import Any
 
 import torch
@@ -21,9 +22,8 @@ import torch
 from cockpit_core import checks
 from cockpit_core.cache import Cache
 from cockpit_core.errors import CockpitWarning
-from cockpit_core.planner import Planner
+from cockpit_core.planner import Planner, Task
 from cockpit_core.quantity import Quantity
-from cockpit_core.step import START_STATE, Task
 
 Record = dict[str, Any]
 
@@ -35,7 +35,7 @@ class ErrorPolicy:
         on_error: ``"warn"`` (record, warn, keep tracking), ``"disable"`` (record, warn,
             stop tracking the quantity) or ``"raise"``.
         emit: Sends a record to the log and the sinks.
-        planner: Holds the pending and disabled quantities.
+        planner: Disables quantities and forgets unusable two-step starts.
         cache: The quantities' cross-step cache.
 
     Attributes:
@@ -76,8 +76,7 @@ class ErrorPolicy:
         self._emit(record)
         action = "it keeps being tracked"
         if self.on_error == "disable":
-            self._planner.disabled.add(q.key)
-            self._planner.pending.pop(q.key, None)
+            self._planner.disable(q.key)
             self._cache.remove_owner(q.key)
             action = "it is disabled for the rest of the run"
         where = {"schedule": "its schedule ", "requirements": "its requirements() "}.get(phase, "")
@@ -144,7 +143,7 @@ class ErrorPolicy:
         stacklevel: int = 6,
     ) -> None:
         """Record step ``step`` as skipped for ``reason``; warn ``message`` once per ``kind``."""
-        self.drop_pending([t.quantity.key for t in tasks if t.phase == "end"])
+        self._planner.drop([t.quantity.key for t in tasks if t.phase == "end"])
         record = {
             "kind": "skipped",
             "step": step,
@@ -155,11 +154,32 @@ class ErrorPolicy:
         self._emit(record)
         self._warn_once(kind, message, stacklevel=stacklevel)
 
-    def drop_pending(self, keys: Sequence[str]) -> None:
-        """Forget the start points of two-step quantities ``keys`` (their end is unusable)."""
-        for key in keys:
-            self._planner.pending.pop(key, None)
-            self._cache.pop(key, START_STATE)
+    def check_serializable(self, step: int, values: Mapping[str, Any]) -> None:
+        """Record an error (phase ``serialize``) for each value the log cannot write as it is."""
+        from cockpit_core.log import unserializable_notes
+
+        for key, value in values.items():
+            notes = unserializable_notes(value)
+            if not notes:
+                continue
+            more = f"; and {len(notes) - 3} more" if len(notes) > 3 else ""
+            shown = "; ".join(notes[:3]) + more
+            record = {
+                "kind": "error",
+                "step": step,
+                "quantity": key,
+                "phase": "serialize",
+                "error": f"UnserializableValue: {shown}",
+                "traceback": [],
+            }
+            self.errors.append(record)
+            self._emit(record)
+            self.warn_once(
+                (key, "unserializable"),
+                f"the value of quantity '{key}' at step {step} cannot be logged as it is "
+                f"({shown}); training continues. The error (phase 'serialize') is in "
+                "cp.errors and the log; see docs/log_format.md for what can be logged.",
+            )
 
     def warn_once(self, kind: tuple[str, str], message: str, stacklevel: int = 5) -> None:
         """Warn ``message`` the first time a problem of ``kind`` occurs in this run.
@@ -183,7 +203,8 @@ _INTERNAL = (
 
 def _outside_cockpit() -> int:
     """The ``stacklevel`` of the first frame outside cockpit_core (and ``contextlib``)."""
-    frame, level = sys._getframe(2), 2  # the caller of _warn_once's caller's warnings.warn
+    frame: FrameType | None = sys._getframe(2)  # the caller of _warn_once's caller's warn
+    level = 2
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL):
         frame, level = frame.f_back, level + 1
     return level

@@ -27,18 +27,23 @@ class ConfigError(CockpitError, ValueError):
         super().__init__("\n".join(lines))
 
 
-class UnknownQuantityError(CockpitError, KeyError):
-    """A quantity (or preset) name is not provided by any installed plugin."""
+class UnknownNameError(CockpitError, KeyError):
+    """A name (of a quantity, preset or sink) that no installed plugin registers.
 
-    def __init__(self, name: str, installed: Iterable[str], kind: str = "quantity"):
+    The message names the closest installed name and lists them all.
+    """
+
+    kind = "name"
+    listing_hint = "Run `cockpit plugins -v` to list what the installed plugins register."
+
+    def __init__(self, name: str, installed: Iterable[str]):
         self.name = name
         installed = sorted(installed)
         close = difflib.get_close_matches(name, installed, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         listing = ", ".join(installed) if installed else "(none: install a cockpit plugin)"
         self.message = (
-            f"Unknown {kind} '{name}'.{hint} Installed: {listing}. "
-            "Run `cockpit quantities` to list them with their options."
+            f"Unknown {self.kind} '{name}'.{hint} Installed: {listing}. {self.listing_hint}"
         )
         super().__init__(self.message)
 
@@ -46,8 +51,40 @@ class UnknownQuantityError(CockpitError, KeyError):
         return self.message
 
 
-class DuplicateQuantityError(CockpitError):
-    """Two plugins register the same quantity (or preset) name."""
+class UnknownQuantityError(UnknownNameError):
+    """A quantity name is not provided by any installed plugin."""
+
+    kind = "quantity"
+    listing_hint = "Run `cockpit quantities` to list them with their options."
+
+
+class UnknownPresetError(UnknownNameError):
+    """A preset name is not provided by any installed plugin."""
+
+    kind = "preset"
+    listing_hint = "Run `cockpit quantities` to list them with their options."
+
+
+class UnknownSinkError(UnknownNameError):
+    """A sink name is not provided by any installed plugin."""
+
+    kind = "sink"
+    listing_hint = "Run `cockpit plugins` to list the installed sinks."
+
+
+class UnknownInstrumentError(UnknownNameError):
+    """A dashboard panel (instrument) name is not registered by any installed plugin."""
+
+    kind = "panel"
+    listing_hint = "Run `cockpit plugins -v` to list the panels of each plugin."
+
+
+class DuplicateNameError(CockpitError):
+    """Two installed distributions register the same name (quantity, preset, sink, ...)."""
+
+
+DuplicateQuantityError = DuplicateNameError
+"""The earlier name of :class:`DuplicateNameError` (kept for existing ``except`` clauses)."""
 
 
 class RequirementConflictError(CockpitError):

@@ -3,20 +3,49 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
-from cockpit_core.requirements import MergedRequirements, merge_requirements
+from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
 from cockpit_core.statistics.router import StatisticsRouter
-from cockpit_core.step import Task
+
+
+@dataclass(frozen=True)
+class Task:
+    """One quantity computing one phase (``single``, ``start`` or ``end``) at a step.
+
+    Attributes:
+        quantity: The quantity.
+        phase: ``"single"`` (one-step quantity), ``"start"`` or ``"end"`` (two-step).
+        start_step: The step the value is stored under.
+
+    """
+
+    quantity: Quantity
+    phase: str
+    start_step: int
+
+    @property
+    def requirements(self) -> Requirements:
+        """What this phase needs."""
+        q = self.quantity
+        if self.phase == "start":
+            return q.start_requirements()  # type: ignore[attr-defined]
+        if self.phase == "end":
+            return q.end_requirements()  # type: ignore[attr-defined]
+        return q.requirements()
 
 
 class Planner:
     """The tasks of each step, their merged requirements, and the providers to arm.
 
-    Two-step quantities are *pending* between their start and end step; a quantity that
-    failed under ``on_error="disable"`` is *disabled*. Providers that observe the forward
+    Two-step quantities are *pending* between their start and end step (the planner keeps
+    their start state: :meth:`started`, :meth:`ended`, :meth:`drop`); a quantity that
+    failed under ``on_error="disable"`` is *disabled* (:meth:`disable`). Providers that
+    observe the forward
     pass (module hooks, BackPACK) are armed only for forward passes whose backward is
     tracked: after every step the planner predicts the next one (the last step plus the
     last stride between steps) and arms them only if that step needs them.
@@ -39,8 +68,8 @@ class Planner:
     def __init__(self, quantities: Sequence[Quantity], router: StatisticsRouter):
         self.quantities = quantities
         self.router = router
-        self.pending: dict[str, int] = {}  # two-step quantity key -> start step
-        self.disabled: set[str] = set()
+        self._pending: dict[str, tuple[int, Any]] = {}  # two-step key -> (start step, state)
+        self._disabled: set[str] = set()
         self._merged: dict[tuple, MergedRequirements] = {}
         self._planned: tuple[int, list[Task], MergedRequirements] | None = None
         self._unsure = False  # the last tasks() call met a raising schedule
@@ -71,12 +100,12 @@ class Planner:
         tasks = []
         self._unsure = False
         for q in self.quantities:
-            if q.key in self.disabled:
+            if q.key in self._disabled:
                 continue
             if q.two_step:
-                start = self.pending.get(q.key)
-                if start is not None and start < step:
-                    tasks.append(Task(q, "end", start))
+                pending = self._pending.get(q.key)
+                if pending is not None and pending[0] < step:
+                    tasks.append(Task(q, "end", pending[0]))
                 if self._active(q, step, predict):
                     tasks.append(Task(q, "start", step))
             elif self._active(q, step, predict):
@@ -103,7 +132,7 @@ class Planner:
             self._unsure = True
             if not predict:
                 if task.phase == "end":
-                    self.pending.pop(task.quantity.key, None)
+                    self._pending.pop(task.quantity.key, None)
                 self.report(task.quantity, step, "requirements", err)
             return False
         return True
@@ -135,6 +164,34 @@ class Planner:
                 self._merged.clear()
             merged = self._merged[requests] = merge_requirements(requests)
         return merged
+
+    # -- two-step quantities and disabled quantities ---------------------------------------
+
+    def started(self, key: str, step: int, state: Any) -> None:
+        """Two-step quantity ``key`` ran its start phase at ``step``; keep ``state``."""
+        self._pending[key] = (step, state)
+
+    def ended(self, key: str) -> Any:
+        """Two-step quantity ``key`` runs its end phase: return (and forget) its start state."""
+        return self._pending.pop(key)[1]
+
+    def drop(self, keys: Iterable[str] | None = None) -> None:
+        """Forget the start of two-step quantities ``keys`` (all if ``None``): unusable."""
+        for key in list(self._pending) if keys is None else keys:
+            self._pending.pop(key, None)
+
+    def disable(self, key: str) -> None:
+        """Stop planning quantity ``key`` for the rest of the run."""
+        self._disabled.add(key)
+        self._pending.pop(key, None)
+
+    def is_disabled(self, key: str) -> bool:
+        """Whether quantity ``key`` was disabled (``on_error="disable"``)."""
+        return key in self._disabled
+
+    def pending_keys(self) -> list[str]:
+        """Two-step quantities between their start and end step."""
+        return list(self._pending)
 
     # -- the forward pass -------------------------------------------------------------------
 
@@ -201,12 +258,12 @@ class Planner:
             )
         self._follow_schedule = False
         self.router.arm(self._everything)
-        expected = None if self._last is None else self._last + self._stride
+        predicted = None if self._last is None else self._last + self._stride
         names = ", ".join(f"'{n}'" for n in late)
         message = (
             f"the forward pass of step {step} ran while the statistics provider(s) {names} "
             f"did not observe it: after step {self._last} the Cockpit expected step "
-            f"{expected}, which needs none. Call cp.prepare(step) before the forward pass "
+            f"{predicted}, which needs none. Call cp.prepare(step) before the forward pass "
             "when step numbers are not evenly spaced; the providers now observe every "
             "forward pass for the rest of the run"
         )

@@ -12,8 +12,15 @@ from typing import Any
 import pluggy
 
 from cockpit_core import plugins as _plugins
-from cockpit_core.dashboard.instrument import Instrument
-from cockpit_core.errors import ConfigError, DuplicateQuantityError, UnknownQuantityError
+from cockpit_core.errors import (
+    ConfigError,
+    DuplicateNameError,
+    UnknownPresetError,
+    UnknownQuantityError,
+    UnknownSinkError,
+)
+from cockpit_core.instrument import Instrument
+from cockpit_core.name_table import NameTable
 from cockpit_core.plugins import PluginInfo
 from cockpit_core.quantity import (
     NAME_PATTERN,
@@ -135,27 +142,40 @@ class SinkEntry:
         return self.factory(**self.validate(dict(options or {}), prefix))
 
 
+def _kinds() -> NameTable[StatisticKind]:
+    table: NameTable[StatisticKind] = NameTable("statistic kind", "kind", strict=False)
+    for name, kind in BUILTIN_KINDS.items():
+        table.add(name, kind, "cockpit-core")
+    return table
+
+
 @dataclass
 class Registry:
-    """Quantities and presets offered by a set of plugins.
+    """Everything a set of plugins offers, by name: one :class:`NameTable` per sort.
 
-    Build it with :meth:`from_entry_points` (what :class:`~cockpit_core.Cockpit` does) or
-    empty, adding plugins with :meth:`add_plugin` (useful in tests).
+    Quantities and presets share one namespace (``catalog``: a config entry may be either);
+    ``quantities`` and ``presets`` are views of it. Build it with :meth:`from_entry_points`
+    (what :class:`~cockpit_core.Cockpit` does) or empty, adding plugins with
+    :meth:`add_plugin` (useful in tests).
     """
 
-    quantities: dict[str, QuantityEntry] = field(default_factory=dict)
-    presets: dict[str, Preset] = field(default_factory=dict)
+    catalog: NameTable[QuantityEntry | Preset] = field(
+        default_factory=lambda: NameTable("name", "quantity or preset", strict=True)
+    )
     aliases: dict[str, str] = field(default_factory=dict)
-    conflicts: dict[str, DuplicateQuantityError] = field(default_factory=dict)
-    instruments: dict[str, Instrument] = field(default_factory=dict)
-    sinks: dict[str, SinkEntry] = field(default_factory=dict)
-    providers: dict[str, ProviderEntry] = field(default_factory=dict)
-    kinds: dict[str, StatisticKind] = field(default_factory=lambda: dict(BUILTIN_KINDS))
+    instruments: NameTable[Instrument] = field(
+        default_factory=lambda: NameTable("instrument name", "instrument", strict=False)
+    )
+    sinks: NameTable[SinkEntry] = field(
+        default_factory=lambda: NameTable("sink name", "sink", strict=True)
+    )
+    providers: NameTable[ProviderEntry] = field(
+        default_factory=lambda: NameTable("statistics provider name", "provider", strict=False)
+    )
+    kinds: NameTable[StatisticKind] = field(default_factory=_kinds)
     extension_errors: dict[str, str] = field(default_factory=dict)
     plugins: list[PluginInfo] = field(default_factory=list)
     plugin_manager: pluggy.PluginManager = field(default_factory=_plugins.new_plugin_manager)
-    _instrument_sources: dict[str, str] = field(default_factory=dict, repr=False)
-    _claimants: dict[str, list[str]] = field(default_factory=dict, repr=False)
     builtin: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
@@ -169,11 +189,15 @@ class Registry:
         """Discover and load every installed plugin of the entry-point ``group``."""
         pm, infos = _plugins.discover(group)
         registry = cls(plugin_manager=pm)
-        for info in infos:
-            registry.plugins.append(info)
-            if info.ok:
-                registry._collect(info)
+        registry.add_loaded(infos)
         return registry
+
+    def add_loaded(self, infos: Iterable[PluginInfo]) -> None:
+        """Collect what plugins already loaded into :attr:`plugin_manager` register."""
+        for info in infos:
+            self.plugins.append(info)
+            if info.ok:
+                self._collect(info)
 
     def add_plugin(
         self,
@@ -183,8 +207,12 @@ class Registry:
         version: str = "0",
     ) -> PluginInfo:
         """Register a plugin object (e.g. a module with hook implementations) directly."""
+        try:
+            hash(plugin)
+        except TypeError:  # e.g. a SimpleNamespace: pluggy keeps plugins in sets
+            plugin = _hashable_copy(plugin)
         info = PluginInfo(
-            name=name or getattr(plugin, "__name__", repr(plugin)),
+            name=name or str(getattr(plugin, "__name__", repr(plugin))),
             distribution=distribution,
             version=version,
             module=getattr(plugin, "__name__", ""),
@@ -267,94 +295,71 @@ class Registry:
             )
             warnings.warn(f"cockpit: plugin {self.extension_errors[info.name]}", stacklevel=2)
         for entry in new_q:
-            if self._claim(entry.name, entry.distribution):
-                self.quantities[entry.name] = entry
+            if self.catalog.add(entry.name, entry, entry.distribution):
                 self.aliases.setdefault(entry.cls.__name__, entry.name)
                 info.quantities.append(entry.name)
         for preset in new_p:
-            if self._claim(preset.name, preset.distribution):
-                self.presets[preset.name] = preset
+            if self.catalog.add(preset.name, preset, preset.distribution):
                 info.presets.append(preset.name)
-        for entry in new_prov:
-            if entry.name in self.providers:
-                owner = self.providers[entry.name].distribution
-                self.conflicts[f"provider:{entry.name}"] = DuplicateQuantityError(
-                    f"The statistics provider name '{entry.name}' is registered by both "
-                    f"'{owner}' and '{entry.distribution}'; the one of '{owner}' is used. "
-                    "Uninstall one of the two distributions, or ask one author to rename it."
-                )
-            else:
-                self.providers[entry.name] = entry
-                info.providers.append(entry.name)
+        for provider in new_prov:
+            if self.providers.add(provider.name, provider, provider.distribution):
+                info.providers.append(provider.name)
         for kind in new_k:
-            if kind.name in self.kinds:
-                self.conflicts[f"kind:{kind.name}"] = DuplicateQuantityError(
-                    f"The statistic kind '{kind.name}' registered by '{info.distribution}' "
-                    "already exists (a built-in kind or another plugin's); it is ignored."
-                )
-            else:
-                self.kinds[kind.name] = kind
+            if self.kinds.add(kind.name, kind, info.distribution):
                 info.kinds.append(kind.name)
-        for instrument in new_i:
-            info.instruments.append(instrument.name)  # also when it conflicts, like sinks
-            if instrument.name in self.instruments:
-                self._other_conflict("instrument", instrument.name, info.distribution)
-            else:
-                self.instruments[instrument.name] = instrument
-                self._instrument_sources[instrument.name] = info.distribution
+        for instrument in new_i:  # listed also when it clashes: `cockpit plugins` shows both
+            info.instruments.append(instrument.name)
+            self.instruments.add(instrument.name, instrument, info.distribution)
         for sink in new_s:
-            info.sinks.append(sink.name)  # also when it conflicts: `cockpit plugins` shows both
-            if sink.name in self.sinks:
-                self._sink_conflict(sink.name, info.distribution)
-            else:
-                self.sinks[sink.name] = sink
+            info.sinks.append(sink.name)
+            self.sinks.add(sink.name, sink, info.distribution)
+
+    @property
+    def quantities(self) -> dict[str, QuantityEntry]:
+        """Quantity name -> entry (the quantities of :attr:`catalog`)."""
+        return {n: e for n, e in self.catalog.items() if isinstance(e, QuantityEntry)}
+
+    @property
+    def presets(self) -> dict[str, Preset]:
+        """Preset name -> preset (the presets of :attr:`catalog`)."""
+        return {n: e for n, e in self.catalog.items() if isinstance(e, Preset)}
+
+    @property
+    def conflicts(self) -> dict[str, DuplicateNameError]:
+        """Every name two distributions registered, with the error that describes it.
+
+        Keys: the name for quantities and presets; ``"provider:"``, ``"kind:"``,
+        ``"instrument:"`` or ``"sink:"`` and the name otherwise.
+        """
+        found: dict[str, DuplicateNameError] = dict(self.catalog.clashes())
+        for prefix, table in (
+            ("provider", self.providers),
+            ("kind", self.kinds),
+            ("instrument", self.instruments),
+            ("sink", self.sinks),
+        ):
+            found.update({f"{prefix}:{n}": err for n, err in table.clashes().items()})
+        return found
 
     def _call(self, plugin_name: str, hook: str, **kwargs: Any) -> None:
-        plugin = self.plugin_manager.get_plugin(plugin_name)
-        for impl in getattr(self.plugin_manager.hook, hook).get_hookimpls():
-            if impl.plugin is plugin:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-
-    def _other_conflict(self, kind: str, name: str, distribution: str) -> None:
-        owner = (
-            self.sinks[name].distribution
-            if kind == "sink"
-            else self._instrument_sources.get(name, "?")
-        )
-        self.conflicts[f"{kind}:{name}"] = DuplicateQuantityError(
-            f"The {kind} name '{name}' is registered by both '{owner}' and '{distribution}'; "
-            f"the one of '{owner}' is used. Uninstall one of the two distributions, or ask one "
-            f"author to rename the {kind}."
-        )
-
-    def _sink_conflict(self, name: str, distribution: str) -> None:
-        """Remember that ``name`` is a sink of several distributions; using it then fails."""
-        claimants = self._claimants.setdefault(f"sink:{name}", [self.sinks[name].distribution])
-        claimants.append(distribution)
-        self.conflicts[f"sink:{name}"] = DuplicateQuantityError(
-            f"The sink name '{name}' is registered by {_both(claimants)}, so cockpit cannot "
-            "tell which one you mean. Uninstall one of the distributions (pip uninstall ...), "
-            "or ask one author to rename the sink."
-        )
+        """Call one plugin's implementation of ``hook`` through pluggy (so tracing sees it)."""
+        pm = self.plugin_manager
+        plugin = pm.get_plugin(plugin_name)
+        others = [p for p in pm.get_plugins() if p is not plugin]
+        pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
     def sink_entry(self, name: str) -> SinkEntry:
         """Return the sink registered as ``name``.
 
         Raises:
-            DuplicateQuantityError: Several installed distributions register ``name``.
-            UnknownQuantityError: With the closest installed sink name.
+            DuplicateNameError: Several installed distributions register ``name``.
+            UnknownSinkError: With the closest installed sink name.
 
         """
-        if f"sink:{name}" in self.conflicts:
-            raise self.conflicts[f"sink:{name}"]
-        if name not in self.sinks:
-            err = UnknownQuantityError(name, self.sinks, kind="sink")
-            err.message = err.message.replace(
-                "Run `cockpit quantities` to list them with their options.",
-                "Run `cockpit plugins` to list the installed sinks.",
-            )
-            raise err
-        return self.sinks[name]
+        entry = self.sinks.lookup(name)
+        if entry is None:
+            raise UnknownSinkError(name, self.sinks)
+        return entry
 
     def make_sink(self, spec: Any, path: str | None = None) -> Any:
         """Build a sink from a registered name, ``{"name": ..., **options}`` or a callable.
@@ -364,8 +369,8 @@ class Registry:
             path: Field path of the entry for messages (default ``sinks.<name>``).
 
         Raises:
-            UnknownQuantityError: No installed plugin registers a sink of that name.
-            DuplicateQuantityError: Several installed distributions register that name.
+            UnknownSinkError: No installed plugin registers a sink of that name.
+            DuplicateNameError: Several installed distributions register that name.
             ConfigError: The options are invalid (the message names each field).
 
         """
@@ -383,40 +388,21 @@ class Registry:
             )
         return self.sink_entry(name).make(options, prefix=path)
 
-    def _claim(self, name: str, distribution: str) -> bool:
-        """Return whether ``name`` is free; otherwise remember the collision and skip it."""
-        owner = None
-        if name in self.quantities:
-            owner = self.quantities[name].distribution
-        elif name in self.presets:
-            owner = self.presets[name].distribution
-        if owner is None:
-            return True
-        claimants = self._claimants.setdefault(name, [owner])
-        claimants.append(distribution)
-        self.conflicts[name] = DuplicateQuantityError(
-            f"The name '{name}' is registered by {_both(claimants)}. "
-            "Uninstall one of the distributions (pip uninstall ...), or ask one author "
-            "to rename the quantity."
-        )
-        return False
-
     # -- lookup ---------------------------------------------------------------------------
 
     def get(self, name: str) -> type[Quantity]:
         """Return the quantity class registered as ``name`` (or its class-name alias).
 
         Raises:
-            DuplicateQuantityError: Two installed distributions register ``name``.
+            DuplicateNameError: Two installed distributions register ``name``.
             UnknownQuantityError: With the closest installed name and the full list, and a
                 note on plugins that failed to load.
 
         """
         canonical = self.aliases.get(name, name)
-        if canonical in self.conflicts:
-            raise self.conflicts[canonical]
-        if canonical in self.quantities:
-            return self.quantities[canonical].cls
+        entry = self.catalog.lookup(canonical)
+        if isinstance(entry, QuantityEntry):
+            return entry.cls
         err = UnknownQuantityError(name, self.quantities)
         failed = [p for p in self.plugins if not p.ok]
         if failed:
@@ -425,30 +411,33 @@ class Registry:
         raise err
 
     def preset(self, name: str) -> Preset:
-        """Return the preset ``name``."""
-        if name in self.conflicts:
-            raise self.conflicts[name]
-        if name not in self.presets:
-            raise UnknownQuantityError(name, self.presets, kind="preset")
-        return self.presets[name]
+        """Return the preset ``name``.
+
+        Raises:
+            DuplicateNameError: Several installed distributions register ``name``.
+            UnknownPresetError: With the closest installed preset name.
+
+        """
+        entry = self.catalog.lookup(name)
+        if not isinstance(entry, Preset):
+            raise UnknownPresetError(name, self.presets)
+        return entry
 
     def is_known(self, name: str) -> bool:
         """Whether ``name`` is a quantity, an alias or a preset."""
-        return name in self.quantities or name in self.aliases or name in self.presets
+        return name in self.catalog or name in self.aliases
 
     def names(self) -> list[str]:
         """Sorted quantity names."""
         return sorted(self.quantities)
 
 
-def _both(distributions: list[str]) -> str:
-    """``both 'a' and 'b'``, ``'a', 'b' and 'c'`` or ``'a' twice`` for a conflict message."""
-    unique = sorted(set(distributions))  # sorted: the message does not depend on load order
-    if len(unique) == 1:
-        return f"'{unique[0]}' more than once"
-    quoted = [f"'{d}'" for d in unique]
-    listing = ", ".join(quoted[:-1]) + f" and {quoted[-1]}"
-    return f"both {listing}" if len(unique) == 2 else listing
+def _hashable_copy(plugin: Any) -> Any:
+    """An object with ``plugin``'s attributes that pluggy can keep in a set."""
+    copy = type(type(plugin).__name__, (), {})()
+    for key, value in vars(plugin).items():
+        setattr(copy, key, value)
+    return copy
 
 
 def _version() -> str:

@@ -3,55 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import time
 import warnings
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from cockpit_core import checks, mixed_precision
-from cockpit_core.context import HessianVectorProducts, StepContext, StepData
+from cockpit_core.accumulation import merge_info, merge_stats, micro_batch_size
 from cockpit_core.errors import CockpitWarning, MisuseError
-from cockpit_core.normalize import to_serializable
-from cockpit_core.quantity import Quantity
-from cockpit_core.requirements import Requirements
+from cockpit_core.hvp import HessianVectorProducts
 from cockpit_core.statistics.projection import resolve_projections
-
-if TYPE_CHECKING:
-    from cockpit_core.cockpit import Cockpit
-
-START_STATE = "__start_state__"
-"""Cache key of a two-step quantity's start state (kept until its end step)."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """One quantity computing one phase (``single``, ``start`` or ``end``) at a step.
-
-    Attributes:
-        quantity: The quantity.
-        phase: ``"single"`` (one-step quantity), ``"start"`` or ``"end"`` (two-step).
-        start_step: The step the value is stored under.
-
-    """
-
-    quantity: Quantity
-    phase: str
-    start_step: int
-
-    @property
-    def requirements(self) -> Requirements:
-        """What this phase needs."""
-        q = self.quantity
-        if self.phase == "start":
-            return q.start_requirements()  # type: ignore[attr-defined]
-        if self.phase == "end":
-            return q.end_requirements()  # type: ignore[attr-defined]
-        return q.requirements()
+from cockpit_core.step_data import StepData
+from cockpit_core.tracker import Tracker
 
 
 class StepRun:
@@ -72,13 +38,13 @@ class StepRun:
 
     def __init__(
         self,
-        cockpit: Cockpit,
+        tracker: Tracker,
         step: int,
         info: dict[str, Any],
         accumulate: bool = False,
         requests: tuple[Any, ...] = (),
     ):
-        self.cp, self.step, self.info = cockpit, step, info
+        self.tracker, self.step, self.info = tracker, step, info
         self.requests = tuple(requests)
         self.routed: dict[str, tuple[Any, ...]] = {}
         self.accumulate = accumulate  # several micro-batches: see cockpit_core.accumulation
@@ -90,17 +56,17 @@ class StepRun:
         self.loss_gradients: list[mixed_precision.LossGradient] = []
 
     def __enter__(self) -> StepRun:
-        cp, step = self.cp, self.step
-        if cp._in_step:
+        tracker, step = self.tracker, self.step
+        if tracker.in_step:
             raise MisuseError(
                 f"cp({step}) entered while another cockpit step is active; use one "
                 "`with cp(step, ...)` block per training step, around loss.backward()."
             )
         if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
             raise MisuseError(f"step must be an integer, got {step!r}.")
-        if cp._last_step is not None and step <= cp._last_step:
+        if tracker.last_step is not None and step <= tracker.last_step:
             raise MisuseError(
-                f"step {step} comes after step {cp._last_step}: steps must increase. Pass the "
+                f"step {step} comes after step {tracker.last_step}: steps must increase. Pass the "
                 "global iteration counter, not the epoch-local batch index."
             )
         if self.accumulate and not self.info.get("batch_size"):
@@ -109,46 +75,44 @@ class StepRun:
                 "samples of all micro-batches together (on this process)."
             )
         # before anything arms providers: whether one was armed tells if it saw the forward
-        self.routed, late = cp._backend.request(self.requests, where=f"cp({step}, ...)")
+        self.routed, late = tracker.router.request(self.requests, where=f"cp({step}, ...)")
         self.scaler = self.info.get("grad_scaler")
         if self.scaler is not None:
             mixed_precision.check_scaler(self.scaler)
         self.loss_scale = mixed_precision.loss_scale(self.scaler)
-        if not cp._info_checked and not self.accumulate:
-            cp._check_info(self.info, cp.quantities)
-            cp._info_checked = True
-            cp._warn_misuse(self.info)
+        if not self.accumulate and tracker.first_time("info"):
+            tracker.check_info(self.info, tracker.quantities)
+            tracker.warn_misuse(self.info)
         unfrozen = self._watch_parameters()
-        self.tasks, self.merged = cp._planner.plan(step)
+        self.tasks, self.merged = tracker.planner.plan(step)
         if not self.accumulate:  # micro-batches bring loss and individual_losses later
-            cp._check_info(self.info, [t.quantity for t in self.tasks])
+            tracker.check_info(self.info, [t.quantity for t in self.tasks])
         self.batch_size = int(self.info.get("batch_size") or 0)
-        self.unobserved = cp._planner.unobserved(
+        self.unobserved = tracker.planner.unobserved(
             step, self.merged, self.accumulate, expected=bool(unfrozen)
         )
         if late and not self.accumulate:  # micro-batches' forward passes come inside the block
             self.unobserved = self.unobserved or self._warn_late_requests(late)
         self._warn_batch_norm()
-        self.marks = gradient_marks(cp.params)
+        self.marks = gradient_marks(tracker.params)
         if (self.merged.statistics or self.routed) and not self.accumulate:
             batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
-            self._backend_ctx = cp._backend.collect(
+            self._backend_ctx = tracker.router.collect(
                 self.merged,
                 int(batch_size),
                 info=self.info,
-                eager=cp._dist is None,
+                eager=tracker.dist is None,
                 loss_scale=self.loss_scale,
                 requests=self.requests,
             )
             self.stats, self.missing = self._backend_ctx.__enter__()
         self.sync = None
-        if cp._dist is not None:  # torch.distributed: learn every process's batch size
-            self.sync = cp._dist.begin(self.info, cp.params)
+        if tracker.dist is not None:  # torch.distributed: learn every process's batch size
+            self.sync = tracker.dist.begin(self.info, tracker.params)
         if not self.accumulate:  # the gradient backward sends into the loss: its scale
             self.loss_gradients.append(mixed_precision.LossGradient(self.info.get("loss")))
-        cp._in_step = True
-        cp._active_step = step  # what cp.log and cp.add say, and check, inside the block
-        if cp.debug:
+        tracker.begin_step(step)  # what cp.log and cp.add say, and check, inside the block
+        if tracker.debug:
             names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
             stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
             extra = "".join(
@@ -175,8 +139,8 @@ class StepRun:
 
     def _watch_parameters(self) -> list[int]:
         """Warn (once each) about parameters frozen, unfrozen, reshaped or removed; return the unfrozen."""
-        cp, step, policy = self.cp, self.step, self.cp._policy
-        watch = cp._watch
+        tracker, step = self.tracker, self.step
+        policy, watch = tracker.policy, tracker.watch
         frozen, unfrozen, reshaped = watch.changes()
         if frozen:
             policy.warn_once(("", "frozen"), watch.frozen_message(step, frozen), stacklevel=5)
@@ -184,12 +148,12 @@ class StepRun:
             policy.warn_once(("", "unfrozen"), watch.unfrozen_message(step, unfrozen), stacklevel=5)
         if reshaped:
             policy.warn_once(("", "reshaped"), watch.reshaped_message(step, reshaped), stacklevel=5)
-            policy.drop_pending(list(cp._planner.pending))
-            router = cp._backend
+            tracker.planner.drop()
+            router = tracker.router
             if router.model is not None:  # routes depend on the modules' shapes
                 router.attach(router.model, router.loss_fn)
-            cp._planner.forget()
-        removed = watch.removed(cp._backend.model)
+            tracker.planner.forget()
+        removed = watch.removed(tracker.router.model)
         if removed:
             policy.warn_once(("", "removed"), watch.removed_message(step, removed), stacklevel=5)
         return unfrozen
@@ -199,32 +163,71 @@ class StepRun:
 
         Found in the attached model, else in the autograd graph of ``info["loss"]``.
         """
-        cp = self.cp
-        if cp._batch_norm_checked or not any(s.per_sample for s in self.merged.statistics):
+        tracker = self.tracker
+        if not any(s.per_sample for s in self.merged.statistics):
             return
-        cp._batch_norm_checked = True
-        model = cp._backend.model
+        if not tracker.first_time("batch_norm"):
+            return
+        model = tracker.router.model
         names = (
             checks.batch_norm_in_training(model)
             if model is not None
-            else checks.batch_norm_in_graph(self.info.get("loss"), cp.params, cp.param_names)
+            else checks.batch_norm_in_graph(
+                self.info.get("loss"), tracker.params, tracker.param_names
+            )
         )
         if names:
-            cp._policy.warn_once(("", "batch_norm"), checks.batch_norm_message(names), stacklevel=5)
+            message = checks.batch_norm_message(names)
+            tracker.policy.warn_once(("", "batch_norm"), message, stacklevel=5)
 
-    def micro_batch(self, info: dict[str, Any] | None = None) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def micro_batch(self, info: dict[str, Any] | None = None) -> Iterator[None]:
         """Context around one micro-batch's ``backward()`` in a step with ``accumulate=True``.
 
-        ``info`` holds the micro-batch's ``loss`` (the scaled loss it backpropagates),
-        ``individual_losses`` and ``batch_size``; see :mod:`cockpit_core.accumulation`.
+        ``info`` holds the micro-batch's ``loss`` (the scaled loss it backpropagates; summed
+        over micro-batches), ``individual_losses`` (concatenated) and ``batch_size``. Its
+        statistics are collected around its ``backward()`` and combined with the earlier
+        micro-batches' by each statistic's combine rule (:mod:`cockpit_core.accumulation`).
         """
-        from cockpit_core.accumulation import micro_batch
+        if not self.accumulate:
+            raise MisuseError(
+                "run.micro_batch() needs a step opened with cp(step, info=..., accumulate=True)."
+            )
+        info = dict(info or {})
+        samples = micro_batch_size(info)
+        ctx = None
+        stats: dict = {}
+        missing: dict = {}
+        if self.merged.statistics or self.requests:
+            ctx = self.tracker.router.collect(
+                self.merged,
+                self.batch_size,
+                info={**self.info, **info},
+                eager=False,
+                samples=samples or None,
+                loss_scale=self.loss_scale,
+                requests=self.requests,
+            )
+            stats, missing = ctx.__enter__()
+        probe = mixed_precision.LossGradient(info.get("loss"))
+        self.loss_gradients.append(probe)
+        try:
+            yield
+        except BaseException as err:
+            probe.close()
+            if ctx is not None:
+                ctx.__exit__(type(err), err, err.__traceback__)
+            raise
+        probe.close()
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+        share = samples / self.batch_size if samples else None
+        merge_stats(self.merged.statistics, self.stats, self.missing, stats, missing, share)
+        merge_info(self.info, info)
 
-        return micro_batch(self, info)
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        cp = self.cp
-        cp._in_step = False
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        tracker = self.tracker
+        tracker.end_step(completed=exc_type is None)
         seen = [g.close() for g in self.loss_gradients]
         try:
             if self._backend_ctx is not None:
@@ -238,16 +241,17 @@ class StepRun:
         if exc_type is not None:
             if self.sync is not None:
                 self.sync.close()
-            cp._planner.after_step(self.step)
+            tracker.planner.after_step(self.step)
             return False
-        cp._last_step = self.step
         try:
             self._finish(seen)
         finally:
             self.stats = {}
             self.info = {}
-            cp._cache.evict(self.step)
-            cp._planner.after_step(self.step)  # hooks for the next forward pass, if it needs them
+            tracker.cache.evict(self.step)
+            tracker.planner.after_step(
+                self.step
+            )  # hooks for the next forward pass, if it needs them
         return False
 
     def _grad_factor(self) -> float:
@@ -256,7 +260,7 @@ class StepRun:
             return 1.0
         done = mixed_precision.grads_unscaled(self.scaler, self.info.get("optimizer"))
         if done is None:
-            self.cp._policy.warn_once(
+            self.tracker.policy.warn_once(
                 ("", "scaler state"),
                 f"cannot tell whether scaler.unscale_() ran inside `with cp({self.step}, ...)` "
                 f"(info['grad_scaler'] is a {type(self.scaler).__name__} without PyTorch's "
@@ -268,16 +272,20 @@ class StepRun:
 
     def _finish(self, seen: list[float | None]) -> None:
         """After a block that did not raise: checks, the statistics' last steps, the quantities."""
-        cp, step = self.cp, self.step
+        tracker, step = self.tracker, self.step
         if self.sync is None:
             self._forgive_frozen()
         factor = self._grad_factor()
         self._check_per_sample_mean(factor)
         self._check_loss_scale(seen)
         if self.accumulate:
-            cp._check_info(self.info, [t.quantity for t in self.tasks])
-        if self.tasks and cp._dist is None and not gradients_changed(cp.params, self.marks):
-            cp._policy.skip(
+            tracker.check_info(self.info, [t.quantity for t in self.tasks])
+        if (
+            self.tasks
+            and tracker.dist is None
+            and not gradients_changed(tracker.params, self.marks)
+        ):
+            tracker.policy.skip(
                 step,
                 self.tasks,
                 f"no backward: {checks.no_backward_reason(step)}",
@@ -290,7 +298,7 @@ class StepRun:
             return
         hvp = None
         if self.merged.loss_graph:
-            hvp = HessianVectorProducts(self.info.get("loss"), cp.params, factor)
+            hvp = HessianVectorProducts(self.info.get("loss"), tracker.params, factor)
         grads = None
         data_factor = factor
         if self.sync is not None:  # combine the processes' statistics: the global batch
@@ -301,8 +309,8 @@ class StepRun:
         data = StepData(
             step,
             self.info,
-            cp.params,
-            cp.param_names,
+            tracker.params,
+            tracker.param_names,
             self.stats,
             self.missing,
             hvp,
@@ -312,15 +320,15 @@ class StepRun:
         try:
             if self.sync is None and any(s.combine == "project" for s in self.merged.statistics):
                 declared = self.merged.statistics
-                resolve_projections(self.stats, data.grads, cp.params, declared, self.missing)
+                resolve_projections(self.stats, data.grads, tracker.params, declared, self.missing)
             if self.tasks and not self._skip_nonfinite(factor):
-                run_tasks(cp, step, self.tasks, data)
+                tracker.run(step, self.tasks, data)
         finally:
             data.release()
 
     def _forgive_frozen(self) -> None:
         """Frozen parameters get no statistics: not "missing" even if ``p.grad`` is a tensor."""
-        params = self.cp.params
+        params = self.tracker.params
         if all(p.requires_grad for p in params):
             return
         for ident in list(self.missing):
@@ -331,22 +339,23 @@ class StepRun:
                 del self.missing[ident]
 
     def _skip_nonfinite(self, factor: float) -> bool:
-        cp = self.cp
+        policy = self.tracker.policy
         enabled = self.scaler is not None and mixed_precision.enabled(self.scaler)
         scale = self.loss_scale if enabled else None
         if scale is not None and factor == 1.0 and self.loss_scale != 1.0:
             # unscale_ ran inside the block: the scaler knows whether it found inf/NaN
             if mixed_precision.found_inf(self.scaler, self.info.get("optimizer")):
-                cp._policy.skip_scaler_overflow(self.step, self.tasks, self.loss_scale)
+                policy.skip_scaler_overflow(self.step, self.tasks, self.loss_scale)
                 return True
-        return cp._policy.skip_nonfinite(
-            self.step, self.tasks, self.info, cp.params, cp.param_names, scale
+        return policy.skip_nonfinite(
+            self.step, self.tasks, self.info, self.tracker.params, self.tracker.param_names, scale
         )
 
     def _unscale_global(self, grads: list, factor: float) -> list:
         """Under ``torch.distributed``: unscale the global gradient; drop scaled projections."""
         if self.scaler is None or self.loss_scale == 1.0:
             return grads
+        assert self.sync is not None  # called under torch.distributed only
         captured = not self.sync.shares.equal  # local gradients captured during backward
         scale = self.loss_scale if captured else factor
         if scale == 1.0:
@@ -368,25 +377,27 @@ class StepRun:
         for value in seen:
             message = checks.scaled_loss(value, self.loss_scale, self.scaler is not None)
             if message is not None:
-                self.cp._policy.warn_once(("", "loss scale"), message, stacklevel=6)
+                self.tracker.policy.warn_once(("", "loss scale"), message, stacklevel=6)
                 return
 
     def _check_per_sample_mean(self, factor: float = 1.0) -> None:
         """Warn (once) if ``p.grad`` is not the mean of the per-sample gradients."""
-        checked, cp = self.cp._backend.checked, self.cp
-        if checked is None or self._backend_ctx is not None:
+        tracker = self.tracker
+        checked = tracker.router.take_per_sample_check()
+        if checked is None:
             return
         index, ratio, residual = checked
-        cp._backend.checked = None
+        grad = tracker.params[index].grad
+        assert grad is not None  # it was compared with the per-sample mean
         message = checks.per_sample_mismatch(
-            cp.param_names[index],
+            tracker.param_names[index],
             ratio / factor,
             residual,
             self.batch_size,
-            checks.gradient_precision(cp.params[index].grad),  # compared, so not None
+            checks.gradient_precision(grad),
         )
         if message is not None:
-            cp._policy.warn_once(("", "per-sample mean"), message, stacklevel=6)
+            tracker.policy.warn_once(("", "per-sample mean"), message, stacklevel=6)
 
 
 def gradient_marks(params: Sequence[torch.Tensor]) -> list[tuple[Any, int] | None]:
@@ -407,45 +418,3 @@ def gradients_changed(params: Sequence[torch.Tensor], marks: list) -> bool:
         if mark is None or mark[0]() is not g or g._version != mark[1]:
             return True
     return False
-
-
-def run_tasks(cp: Cockpit, step: int, tasks: list[Task], data: StepData) -> None:
-    """Run the step's quantity phases; record values, and failures by the error policy."""
-    planner = cp._planner
-    values: dict[int, dict[str, Any]] = {}
-    for task in tasks:
-        q = task.quantity
-        if q.key in planner.disabled:
-            continue
-        allowed = frozenset(s.identity for s in task.requirements.statistics)
-        ctx = StepContext(data, q.key, allowed, cp._cache)
-        t0 = time.perf_counter()
-        try:
-            if task.phase == "single":
-                value = q.compute(ctx)
-            elif task.phase == "start":
-                cp._cache.put(q.key, START_STATE, q.compute_start(ctx))  # type: ignore[attr-defined]
-                planner.pending[q.key] = step
-                value = None
-            else:
-                state = cp._cache.pop(q.key, START_STATE)
-                del planner.pending[q.key]
-                value = q.compute_end(ctx, state)  # type: ignore[attr-defined]
-            if value is not None:
-                value = to_serializable(value)
-        except (KeyboardInterrupt, GeneratorExit):
-            raise
-        except BaseException as err:  # SystemExit from a plugin must not end the run either
-            if task.phase == "end":
-                planner.pending.pop(q.key, None)
-            cp._policy.quantity_failed(q, step, task.phase, err)
-            continue
-        if cp.debug:
-            ms = 1e3 * (time.perf_counter() - t0)
-            print(f"[cockpit] step {step}: {q.key} ({task.phase}) {ms:.2f} ms")
-        if value is not None:
-            values.setdefault(task.start_step, {})[q.key] = value
-    for s, vals in sorted(values.items()):
-        if cp.keep_in_memory:
-            cp._output.setdefault(s, {}).update(vals)
-        cp._emit({"kind": "values", "step": s, "values": vals})

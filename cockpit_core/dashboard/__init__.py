@@ -25,8 +25,8 @@ from cockpit_core.dashboard.data import (
     series,
     values,
 )
-from cockpit_core.dashboard.instrument import TOPICS, Draw, Instrument, Output
 from cockpit_core.dashboard.live import LivePlot
+from cockpit_core.instrument import TOPICS, Draw, Instrument, Output
 
 __all__ = [
     "TOPICS",

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard.instrument import Output
+from cockpit_core.instrument import Output
 from cockpit_core.metrics import METRICS_KEY
 
 

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cockpit_core.dashboard.instrument import Instrument
 from cockpit_core.dashboard.planning import (
     Panel,
     _default_instruments,
@@ -34,10 +33,22 @@ from cockpit_core.dashboard.planning import (
     plan,
 )
 from cockpit_core.dashboard.style import EXTRA_COLORS, TOPIC_COLORS, message
+from cockpit_core.errors import UnknownInstrumentError
+from cockpit_core.instrument import Instrument
 from cockpit_core.log import LogData
 
 FORMATS = ("png", "svg", "pdf")
 """File formats :func:`render` writes (chosen by the file suffix)."""
+
+
+def _select(instruments: list[Instrument], names: Iterable[str]) -> list[Instrument]:
+    """The instruments named ``names``; raise with the closest name for an unknown one."""
+    by_name = {inst.name: inst for inst in instruments}
+    wanted = list(names)
+    for name in wanted:
+        if name not in by_name:
+            raise UnknownInstrumentError(name, by_name)
+    return [by_name[name] for name in dict.fromkeys(wanted)]
 
 
 def render(
@@ -46,6 +57,7 @@ def render(
     *,
     registry: Any = None,
     instruments: Iterable[Instrument] | None = None,
+    panels: Iterable[str] | None = None,
     title: str | None = None,
     rows: int = 4,
     panel_size: tuple[float, float] = (4.6, 2.7),
@@ -60,6 +72,7 @@ def render(
         registry: Where instruments come from (default: the Cockpit's, else every
             installed plugin).
         instruments: Use these instruments instead of the registry's.
+        panels: Draw only the instruments of these names (in their usual places).
         title: Figure title (default: a summary of the run).
         rows: Panels per column before a topic wraps into another column.
         panel_size: Width and height of one panel in inches.
@@ -67,6 +80,9 @@ def render(
 
     Returns:
         The matplotlib ``Figure``.
+
+    Raises:
+        UnknownInstrumentError: A name of ``panels`` is no instrument's (with the closest).
 
     """
     from matplotlib.figure import Figure
@@ -76,6 +92,8 @@ def render(
     suffix = _check_path(path)
     data = load(source)
     insts = list(instruments) if instruments is not None else _default_instruments(source, registry)
+    if panels is not None:
+        insts = _select(insts, panels)
     plan_ = plan(data, insts)
     columns = {t: ps for t, ps in plan_.topics.items() if t != "performance"}
     bottom = plan_.topics.get("performance", [])

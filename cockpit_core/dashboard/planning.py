@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit_core.dashboard.instrument import TOPICS, Instrument
+from cockpit_core.instrument import TOPICS, Instrument
 from cockpit_core.log import LogData, read_run
 from cockpit_core.metrics import METRICS_KEY
 

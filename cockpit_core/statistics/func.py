@@ -139,11 +139,12 @@ class FuncProvider(StatisticProvider):
                 "y, ...}} to cp(step, info=...)."
             )
         n = batch_length(info["inputs"])
-        if n != collection.batch_size:
+        expected = collection.samples or collection.batch_size  # a micro-batch: its own size
+        if n != expected:
+            what = "this micro-batch has" if collection.samples else "the batch size is"
             raise MisuseError(
-                f"info['inputs'] holds {n} samples but the batch size is "
-                f"{collection.batch_size}: pass the inputs of the mini-batch whose loss is "
-                "backpropagated."
+                f"info['inputs'] holds {n} samples but {what} {expected}: pass the inputs of "
+                "the (micro-)batch whose loss is backpropagated."
             )
 
     def _accumulate(

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel
 
 from cockpit_core.requirements import Statistic
 from cockpit_core.statistics.kinds import StatisticKind
@@ -197,11 +198,16 @@ class StatisticProvider:
             step (then :meth:`arm` is called before it).
         recomputes: Whether it runs its own forward/backward pass after the user's
             ``backward`` (it may then serve parameters another provider failed on).
+        options_model: A pydantic model of the provider's own options, which users set
+            with ``Cockpit(..., provider_options={name: {...}})`` (or the config file's
+            ``provider_options`` table); they are validated against it (unknown keys are
+            refused) and merged into ``options``. ``None``: it takes none.
 
     Args:
         params: The tracked parameters.
         names: Their names.
-        options: Cockpit options meant for providers (e.g. ``chunk_size``).
+        options: Cockpit options meant for providers (e.g. ``chunk_size``), and this
+            provider's own ``provider_options``.
 
     """
 
@@ -212,6 +218,7 @@ class StatisticProvider:
     kinds: ClassVar[frozenset[str]] = frozenset()
     observes_forward: ClassVar[bool] = False
     recomputes: ClassVar[bool] = False
+    options_model: ClassVar[type[BaseModel] | None] = None
 
     def __init__(
         self,

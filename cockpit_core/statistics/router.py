@@ -96,6 +96,11 @@ class StatisticsRouter:
         providers: Provider classes by name (from the plugins' ``register_statistic_providers``).
         backend: ``"auto"``, a provider name, or provider names in order of preference.
         options: Options handed to every provider (e.g. ``chunk_size``).
+        provider_options: Each provider's own options, by provider name (validated
+            against its ``options_model``).
+
+    Raises:
+        ConfigError: An unknown backend or provider name, or invalid provider options.
 
     """
 
@@ -106,7 +111,9 @@ class StatisticsRouter:
         providers: Mapping[str, type[StatisticProvider]],
         backend: str | Sequence[str] = "auto",
         options: Mapping[str, Any] | None = None,
+        provider_options: Mapping[str, Mapping[str, Any]] | None = None,
     ):
+        own = provider_own_options(providers, provider_options or {})
         self.params = list(params)
         self.names = list(names)
         self.backend = backend
@@ -115,7 +122,8 @@ class StatisticsRouter:
         # recomputes the pass, and stay disarmed); only those of ``order`` serve statistics
         names = self.order + sorted(n for n in providers if n not in self.order)
         self.providers: dict[str, StatisticProvider] = {
-            name: providers[name](self.params, self.names, options) for name in names
+            name: providers[name](self.params, self.names, {**(options or {}), **own.get(name, {})})
+            for name in names
         }
         self.model: torch.nn.Module | None = None
         self.loss_fn: Any = None
@@ -124,6 +132,14 @@ class StatisticsRouter:
         self.warned: set[str] = set()  # providers whose fallback use was warned about
         self.requested: set[str] = set()  # got requests: armed for every parameter from then on
         self.checked: tuple[int, float, float] | None = None
+
+    def take_per_sample_check(self) -> tuple[int, float, float] | None:
+        """The last collection's per-sample-mean check (index, ratio, residual), once.
+
+        See :mod:`cockpit_core.statistics.gather`: ``None`` when nothing was compared.
+        """
+        checked, self.checked = self.checked, None
+        return checked
 
     # -- the model ----------------------------------------------------------------------
 
@@ -453,3 +469,40 @@ def _contained(name: str, action: str, call: Any, *args: Any) -> None:
             CockpitWarning,
             stacklevel=3,
         )
+
+
+def provider_own_options(
+    providers: Mapping[str, type[StatisticProvider]],
+    provider_options: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """``provider_options`` validated against each provider's ``options_model``.
+
+    Raises:
+        ConfigError: Every unknown provider name (with the installed ones) and every
+            invalid option, with its path ``provider_options.<provider>.<option>``.
+
+    """
+    from cockpit_core.quantity import validate_config
+
+    errors: list[tuple[str, str]] = []
+    own: dict[str, dict[str, Any]] = {}
+    for name, options in provider_options.items():
+        path = f"provider_options.{name}"
+        cls = providers.get(name)
+        if cls is None:
+            installed = ", ".join(sorted(providers)) or "none"
+            errors.append((path, f"no installed statistics provider '{name}' ({installed})"))
+            continue
+        if cls.options_model is None:
+            if options:
+                errors.append((path, f"the provider '{name}' takes no options"))
+            continue
+        try:
+            validated = validate_config(cls.options_model, dict(options), prefix=path)
+        except ConfigError as err:
+            errors.extend(err.errors)
+            continue
+        own[name] = validated.model_dump(exclude_unset=True)
+    if errors:
+        raise ConfigError(errors)
+    return own

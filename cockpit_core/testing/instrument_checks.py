@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cockpit_core.dashboard.instrument import Instrument
 from cockpit_core.dashboard.planning import Panel, load, panel_output, plan
+from cockpit_core.instrument import Instrument
 from cockpit_core.log import LogData, read_run
 from cockpit_core.metrics import METRICS_KEY
 from cockpit_core.registry import Registry, default_registry

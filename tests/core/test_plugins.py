@@ -240,9 +240,9 @@ def test_preset_and_quantity_collisions_name_both_distributions(fake_distributio
     with pytest.raises(DuplicateQuantityError) as err:
         registry.preset("economy")
     assert str(err.value) == (
-        "The name 'economy' is registered by both 'cockpit-basic' and 'fakeplug-presets'. "
-        "Uninstall one of the distributions (pip uninstall ...), or ask one author to rename "
-        "the quantity."
+        "The name 'economy' is registered by both 'cockpit-basic' and 'fakeplug-presets', so "
+        "cockpit cannot tell which one you mean. Uninstall one of the distributions (pip "
+        "uninstall ...), or ask one author to rename the quantity or preset."
     )
     with pytest.raises(DuplicateQuantityError, match="'cockpit-basic' and 'fakeplug-presets'"):
         registry.get("grad_norm")

@@ -87,7 +87,7 @@ def _setup(providers=(Recording,), quantities=("loss", "grad_norm")):
 
 
 def _recording(cp: Cockpit) -> Recording:
-    return cp._backend.providers["recording"]
+    return cp._router.providers["recording"]
 
 
 def _step(cp, model, step, *requests, **kwargs):
@@ -131,7 +131,7 @@ def test_a_request_no_provider_accepts_is_refused_naming_it():
         "DiagGGNExact(), which need the BackPACK provider: pip install cockpit-backpack "
         "(`cockpit plugins` lists what is installed)."
     )
-    assert cp.get_output() == {} and not cp._in_step
+    assert cp.get_output() == {} and not cp._tracker.in_step
     with pytest.raises(MisuseError, match=r"It is a class: pass an instance, e.g. Marker\(\)\."):
         cp(0, Marker, info={}).__enter__()
     with pytest.raises(
@@ -145,7 +145,7 @@ def test_a_request_no_provider_accepts_is_refused_naming_it():
 
 def test_a_provider_whose_accepts_raises_accepts_nothing():
     model, cp = _setup(providers=(Raising, Recording))
-    assert list(cp._backend.providers)[0] == "raising"  # asked first (lowest cost)
+    assert list(cp._router.providers)[0] == "raising"  # asked first (lowest cost)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CockpitWarning)
         _step(cp, model, 0, Marker("a"))

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from cockpit_core import CockpitWarning, ConfigError, Registry, UnknownQuantityError
+from cockpit_core import CockpitWarning, ConfigError, Registry, UnknownSinkError
 from cockpit_core.log import read_records
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
@@ -70,7 +70,7 @@ def test_hook_register_sinks(tmp_path):
 def test_register_sinks_options_are_validated():
     with pytest.raises(ConfigError, match="sinks.memory.prefx"):
         _registry().make_sink({"name": "memory", "prefx": "x"})
-    with pytest.raises(UnknownQuantityError, match="Unknown sink 'memroy'.*Did you mean 'memory'"):
+    with pytest.raises(UnknownSinkError, match="Unknown sink 'memroy'.*Did you mean 'memory'"):
         _registry().make_sink("memroy")
     with pytest.raises(TypeError, match="registered name"):
         _registry().make_sink(42)

@@ -55,7 +55,7 @@ def test_settings_are_validated_with_field_paths():
     with pytest.raises(ConfigError, match="chunk_size"):
         Cockpit(model.named_parameters(), ["loss"], chunk_size=0)
     cp = Cockpit.from_config({"backend": "func", "chunk_size": 2}, model.named_parameters())
-    assert cp._backend.order == ["func"] and cp._backend.providers["func"].chunk_size == 2
+    assert cp._router.order == ["func"] and cp._router.providers["func"].chunk_size == 2
 
 
 def test_attach_rejects_a_model_that_does_not_own_the_parameters():

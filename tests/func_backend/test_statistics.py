@@ -66,7 +66,7 @@ def test_backpack_and_func_mix_on_an_extended_transformer():
     cp = train(problem, ["loss"], steps=1, backend=backend)
     routes = {
         name: route.provider
-        for name, route in zip(cp.param_names, cp._backend.routes(BATCH_L2.kind))
+        for name, route in zip(cp.param_names, cp._router.routes(BATCH_L2.kind))
     }
     # BackPACK takes the extended nn.Linear layers, torch.func everything else
     assert routes["head.weight"] == routes["encoder.linear1.weight"] == "backpack"
@@ -81,7 +81,7 @@ def test_auto_prefers_module_hooks_and_falls_back_to_func_only_for_pos():
     cp = train(problem, ["loss"], steps=1, backend="auto")
     routes = {
         name: route.provider
-        for name, route in zip(cp.param_names, cp._backend.routes(BATCH_L2.kind))
+        for name, route in zip(cp.param_names, cp._router.routes(BATCH_L2.kind))
     }
     assert routes.pop("pos") == "func"
     assert set(routes.values()) == {"hooks"}

@@ -35,8 +35,8 @@ def test_every_first_order_quantity_through_hooks_equals_the_per_sample_loop():
     hooks = train(problem, QUANTITIES, steps=3, backend="auto")
     loop = train(problem, QUANTITIES, steps=3, loop_reference=True)
 
-    served = {n: r.provider for n, r in zip(hooks.param_names, hooks._backend.routes(BATCH_L2))}
-    report = hooks.check(hooks._backend.model)  # the trained model
+    served = {n: r.provider for n, r in zip(hooks.param_names, hooks._router.routes(BATCH_L2))}
+    report = hooks.check(hooks._router.model)  # the trained model
     assert report.ok
     assert {name: route.served for route in report.params for name in route.names} == served
     assert served.pop("pos") == "func"

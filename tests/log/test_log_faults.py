@@ -212,7 +212,7 @@ CHILD = textwrap.dedent(
     cp = run_cockpit(tiny_mlp(), ["loss"], steps=2).cockpit
     cp.write(sys.argv[1])
     print("first", flush=True)
-    cp._output[99] = {"loss": 1.0}
+    cp._tracker.output[99] = {"loss": 1.0}
     def killed(fd):
         os.kill(os.getpid(), signal.SIGKILL)
     atomic.os.fsync = killed
@@ -245,7 +245,7 @@ def test_a_failed_write_raises_and_keeps_the_previous_file(tmp_path, monkeypatch
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(log_atomic.os, "fsync", full)
-    cp._output[5] = {"loss": 0.5}
+    cp._tracker.output[5] = {"loss": 0.5}
     with pytest.raises(OSError, match="No space left"):
         cp.write(path)
     assert path.read_bytes() == before
@@ -267,7 +267,7 @@ def test_write_keeps_the_mode_of_an_existing_file_and_uses_the_umask_for_new_one
 
 def test_write_handles_any_value(tmp_path):
     cp = run_cockpit(tiny_mlp(), ["loss"], steps=1).cockpit
-    cp._output[0]["odd"] = {"m": torch.empty(2, device="meta"), "__x__": 10**5000}
+    cp._tracker.output[0]["odd"] = {"m": torch.empty(2, device="meta"), "__x__": 10**5000}
     output = read_log(cp.write(tmp_path / "o.json"))
     assert output[0]["odd"] == {
         "m": "<unserializable: meta tensor of shape [2]>",

@@ -51,7 +51,7 @@ def train_autocast(precision: str, path: str, quantities: list[str]) -> Cockpit:
 
 
 def _compare_histograms(half: Cockpit, fp32: Cockpit, moved: float) -> None:
-    out, ref = half._output, fp32._output  # compared here, then left out of the rest
+    out, ref = half._tracker.output, fp32._tracker.output  # compared here, then left out of the rest
     for step in ref:
         got, want = flatten(out[step].pop("grad_hist_1d")), flatten(ref[step].pop("grad_hist_1d"))
         counts, expected = np.asarray(got["hist"]), np.asarray(want["hist"])
@@ -67,7 +67,7 @@ def test_autocast_gives_the_float32_statistics(path, precision):
     tol = TOLERANCES[precision]
     _compare_histograms(half, fp32, tol["moved"])
     for cp in (half, fp32):  # alpha's "exact" flag depends on rounding, not on the value
-        for values in cp._output.values():
+        for values in cp._tracker.output.values():
             if "alpha" in values:
                 values["alpha"].pop("exact")
     ratios = {q: (tol["ratios"], 1e-3) for q in RATIOS}

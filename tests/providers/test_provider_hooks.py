@@ -109,7 +109,8 @@ def test_a_kind_colliding_with_a_builtin_kind_is_reported():
     assert info.ok
     assert registry.kinds["batch_l2"] is BATCH_L2_KIND
     message = str(registry.conflicts["kind:batch_l2"])
-    assert "batch_l2" in message and "cockpit-clash" in message and "already exists" in message
+    assert "batch_l2" in message and "cockpit-clash" in message
+    assert "the one of 'cockpit-core' is used" in message
 
 
 @pytest.mark.parametrize(

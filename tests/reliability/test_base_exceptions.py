@@ -64,7 +64,7 @@ def test_a_provider_exiting_loses_only_its_statistics(monkeypatch, when):
     problem = tiny_mlp()
     model = problem.make_model()
     cp = Cockpit(model.named_parameters(), ["grad_norm", "norm_test"], on_error="warn")
-    provider = cp._backend.providers["backpack"]
+    provider = cp._router.providers["backpack"]
 
     @contextlib.contextmanager
     def exiting(collection):  # computes nothing
@@ -113,7 +113,7 @@ def test_a_provider_exiting_on_arm_or_close_is_reported_and_training_goes_on(mon
     problem = tiny_mlp()
     model = problem.make_model()
     cp = Cockpit(model, ["grad_norm", "norm_test"], on_error="warn")
-    provider = cp._backend.providers["hooks"]
+    provider = cp._router.providers["hooks"]
     monkeypatch.setattr(provider, "arm", _exit)
     loss_fn = problem.loss_module()
     with pytest.warns(CockpitWarning, match="provider 'hooks' failed to arm: SystemExit: 4"):

@@ -58,7 +58,7 @@ def test_economy_for_10000_steps_keeps_memory_flat_and_streams_to_the_log(tmp_pa
     assert growth < 8 * 2**20, f"RSS grew by {growth / 2**20:.1f} MB after warm-up"
     assert cp.get_output() == {}  # streamed, not kept
     assert not cp.errors
-    live = {owner for owner, _ in cp._cache.keys()}
+    live = {owner for owner, _ in cp._tracker.cache.keys()}
     assert live <= {"distance", "update_size", "alpha"}, live
     records = read_records(log)
     value_steps = {r["step"] for r in records if r["kind"] == "values"}

@@ -125,7 +125,7 @@ def test_eigenvectors_live_in_the_cache_until_the_next_tracked_step_only():
         loss = problem.loss_module()(model(x), y)
         with cp(step, info={"loss": loss, "batch_size": len(x)}):
             loss.backward(retain_graph=cp.retain_graph(step))
-        held = [k for k in cp._cache.keys() if k[0] == spy.key]
+        held = [k for k in cp._tracker.cache.keys() if k[0] == spy.key]
         # kept after steps 0, 3, 6 for the next tracked step; nothing else is held
         assert held == [(spy.key, "eigenvectors")]
     assert spy.starts == [(0, False), (3, True), (6, True)]
@@ -138,4 +138,4 @@ def test_no_cache_entry_without_warm_start_or_without_a_next_step():
         HessMaxEV(every=50, warm_start_max_gap=10, label="sparse"),
     ]
     result = run_cockpit(problem, quantities, steps=3)
-    assert result.cockpit._cache.keys() == []
+    assert result.cockpit._tracker.cache.keys() == []

@@ -48,7 +48,7 @@ def _train(steps: int, create_graph: bool = False, probe_at: tuple[int, ...] = (
         opt.step()
         losses.append(weakref.ref(loss))
         if step in probe_at:
-            probes[step] = (_live_tensors(), _rss_bytes(), len(cp._cache))
+            probes[step] = (_live_tensors(), _rss_bytes(), len(cp._tracker.cache))
     del loss
     gc.collect()
     return cp, losses, probes

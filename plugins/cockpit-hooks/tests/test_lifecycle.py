@@ -58,7 +58,7 @@ def _hooks(model: nn.Module) -> list[str]:
 
 
 def _provider(cp: Cockpit):
-    return cp._backend.providers["hooks"]
+    return cp._router.providers["hooks"]
 
 
 def test_untracked_steps_leave_no_hooks_and_tracked_ones_stay_exact(h):

@@ -1,0 +1,67 @@
+"""What the core computed for one step, shared by every quantity: :class:`StepData`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cockpit_core.hvp import HessianVectorProducts
+from cockpit_core.mixed_precision import float_dtype
+
+
+class StepData:
+    """Everything computed for one step, shared by all quantities (internal to the core)."""
+
+    def __init__(
+        self,
+        step: int,
+        info: Mapping[str, Any],
+        params: Sequence[torch.nn.Parameter],
+        param_names: Sequence[str],
+        statistics: dict[tuple[str, str], list[Tensor | None]],
+        missing: dict[tuple[str, str], str],
+        hvp: HessianVectorProducts | None,
+        grads: Sequence[Tensor] | None = None,
+        grad_scale: float = 1.0,
+    ):
+        self.step = step
+        self.info = info
+        self.params = list(params)
+        self.param_names = list(param_names)
+        self.statistics = statistics
+        self.missing = missing
+        self.hvp = hvp
+        self.grad_scale = grad_scale
+        # given under torch.distributed (the global batch's gradient), else read lazily
+        self._grads: list[Tensor] | None = None if grads is None else list(grads)
+
+    @property
+    def grads(self) -> list[Tensor]:
+        """Detached, unscaled gradients (zeros for parameters that received none or are frozen).
+
+        ``p.grad`` divided by :attr:`grad_scale` (a ``GradScaler``'s scale while the
+        gradients are still scaled); half-precision gradients are read in float32.
+        """
+        if self._grads is None:
+            self._grads = [_unscaled(p, self.grad_scale) for p in self.params]
+        return self._grads
+
+    def release(self) -> None:
+        """Free per-step buffers and the Hessian graph."""
+        self.statistics = {}
+        self._grads = None
+        self.info = {}
+        if self.hvp is not None:
+            self.hvp.release()
+
+
+def _unscaled(p: Tensor, scale: float) -> Tensor:
+    if p.grad is None or not p.requires_grad:  # a frozen parameter's p.grad is stale
+        return torch.zeros_like(p, dtype=float_dtype(p))
+    g = p.grad.detach()
+    if g.dtype != float_dtype(g):
+        g = g.to(float_dtype(g))
+    return g if scale == 1.0 else g / scale

@@ -1,0 +1,252 @@
+"""The state one tracking run shares across its steps, and its single owner: :class:`Tracker`.
+
+A :class:`~cockpit_core.Cockpit` is the user-facing facade; the :class:`Tracker` behind it
+owns everything a step reads or changes: the planner (which quantity phases run), the
+error policy (failures, skipped steps), the cross-step cache, the values kept in memory,
+the sinks, and where the run is (the last step, the active step). A step
+(:class:`~cockpit_core.step.StepRun`) changes that state only through the methods here.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from cockpit_core import checks
+from cockpit_core.cache import Cache
+from cockpit_core.context import StepContext
+from cockpit_core.distributed import Distributed
+from cockpit_core.error_policy import ErrorPolicy
+from cockpit_core.errors import CockpitWarning, MissingInfoError
+from cockpit_core.normalize import to_serializable
+from cockpit_core.planner import Planner, Task
+from cockpit_core.quantity import Quantity
+from cockpit_core.statistics.router import StatisticsRouter
+from cockpit_core.step_data import StepData
+
+Record = dict[str, Any]
+Sink = Callable[[Record], None]
+
+
+class Tracker:
+    """Owner of a run's step state.
+
+    Args:
+        params: The tracked parameters.
+        param_names: Their names.
+        quantities: The tracked quantities (the Cockpit's list; :meth:`add` extends it).
+        router: The statistics router (which provider computes what).
+        on_error: The error policy's mode (``"warn"``, ``"disable"``, ``"raise"``).
+        sinks: Where every record goes (the log first, if any).
+        dist: The process group's helper under ``torch.distributed``, else ``None``.
+        debug: Print what is computed at each step.
+        keep_in_memory: Keep values for ``get_output``.
+
+    Attributes:
+        planner: Which quantity phases run at a step; pending and disabled quantities.
+        policy: Failures and skipped steps.
+        cache: Values quantities keep across steps.
+        watch: Frozen, unfrozen and reshaped parameters.
+        output: ``{step: {key: value}}`` kept in memory.
+        added_at: Key of a quantity added with ``cp.add`` -> its first step.
+        last_step: The last step whose block completed (``None`` before the first).
+        active_step: The step whose ``with`` block runs now (``None`` outside blocks).
+
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        param_names: Sequence[str],
+        quantities: list[Quantity],
+        router: StatisticsRouter,
+        *,
+        on_error: str,
+        sinks: list[Sink],
+        dist: Distributed | None,
+        debug: bool,
+        keep_in_memory: bool,
+    ):
+        self.params = params
+        self.param_names = param_names
+        self.quantities = quantities
+        self.router = router
+        self.sinks = sinks
+        self.dist = dist
+        self.debug = debug
+        self.keep_in_memory = keep_in_memory
+        self.cache = Cache()
+        self.planner = Planner(quantities, router)
+        self.policy = ErrorPolicy(on_error, self.emit, self.planner, self.cache)
+        self.planner.report = self.policy.quantity_failed  # raising schedules, requirements
+        self.watch = checks.ParameterWatch(params, param_names)
+        self.output: dict[int, dict[str, Any]] = {}
+        self.added_at: dict[str, int] = {}
+        self.last_step: int | None = None
+        self.active_step: int | None = None
+        self._done_once: set[str] = set()
+        self._info_unchecked: list[Quantity] = []  # added quantities: check at the next step
+
+    # -- where the run is -------------------------------------------------------------------
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a ``with cp(step, ...)`` block is active."""
+        return self.active_step is not None
+
+    def begin_step(self, step: int) -> None:
+        """Enter the block of ``step`` (validated by the caller)."""
+        self.active_step = step
+
+    def end_step(self, completed: bool) -> None:
+        """Leave the active block; a ``completed`` one (no exception) becomes the last step."""
+        if completed and self.active_step is not None:
+            self.last_step = self.active_step
+        self.active_step = None
+
+    def first_time(self, what: str) -> bool:
+        """True the first time it is asked about ``what`` in this run (a one-off check)."""
+        if what in self._done_once:
+            return False
+        self._done_once.add(what)
+        return True
+
+    # -- quantities ---------------------------------------------------------------------------
+
+    def add(self, quantity: Quantity) -> int:
+        """Track ``quantity`` from the next step on; return that step."""
+        step = 0 if self.last_step is None else self.last_step + 1
+        self.quantities.append(quantity)
+        self.planner.add(quantity)
+        self.added_at[quantity.key] = step
+        self._info_unchecked.append(quantity)
+        return step
+
+    def check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
+        """Raise :class:`MissingInfoError` if ``info`` lacks a key the quantities need.
+
+        Quantities added since the last check are checked too, whether they run at this
+        step or not (as the first step checks every quantity).
+        """
+        problems = []
+        quantities = list(quantities)
+        added = [q for q in self._info_unchecked if all(q is not t for t in quantities)]
+        for q in quantities + added:
+            try:
+                needed = set(q.required_info())
+                per_sample = any(s.per_sample for r in q.all_requirements() for s in r.statistics)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # plugin code: the planner records it when it plans the step
+                continue
+            if per_sample and "individual_losses" not in info:
+                needed.add("batch_size")
+            added_by = " (added with cp.add)" if q.key in self.added_at else ""
+            for key in sorted(needed - set(info)):
+                problems.append(f"'{q.key}'{added_by} needs info['{key}']")
+        if problems:
+            raise MissingInfoError(
+                "Missing info keys: " + "; ".join(problems) + ". Pass them at every step: "
+                "with cp(step, info={...}). Common keys: loss, individual_losses, "
+                "batch_size, optimizer."
+            )
+        self._info_unchecked = []
+
+    def warn_misuse(self, info: Mapping[str, Any]) -> None:
+        """Warn about an optimizer that misses the tracked parameters or a summed loss."""
+        for message in (
+            checks.optimizer_mismatch(info.get("optimizer"), self.params),
+            checks.reduction_mismatch(info),
+        ):
+            if message:
+                warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=4)
+
+    def uses_hvp(self, quantity: Quantity) -> bool:
+        """Whether ``quantity`` needs Hessian-vector products (the loss graph)."""
+        return any(r.loss_graph for r in quantity.all_requirements())
+
+    def all_hvp_disabled(self) -> bool:
+        """Whether no enabled quantity needs Hessian-vector products any more."""
+        return all(self.planner.is_disabled(q.key) or not self.uses_hvp(q) for q in self.quantities)
+
+    # -- running quantities and recording -------------------------------------------------------
+
+    def run(self, step: int, tasks: list[Task], data: StepData) -> None:
+        """Run the step's quantity phases; record values, and failures by the error policy."""
+        planner, cache = self.planner, self.cache
+        values: dict[int, dict[str, Any]] = {}
+        for task in tasks:
+            q = task.quantity
+            if planner.is_disabled(q.key):
+                continue
+            allowed = frozenset(s.identity for s in task.requirements.statistics)
+            ctx = StepContext(data, q.key, allowed, cache)
+            t0 = time.perf_counter()
+            try:
+                if task.phase == "single":
+                    value = q.compute(ctx)
+                elif task.phase == "start":
+                    planner.started(q.key, step, q.compute_start(ctx))  # type: ignore[attr-defined]
+                    value = None
+                else:
+                    value = q.compute_end(ctx, planner.ended(q.key))  # type: ignore[attr-defined]
+                if value is not None:
+                    value = to_serializable(value)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as err:  # SystemExit from a plugin must not end the run either
+                if task.phase == "end":
+                    planner.drop([q.key])
+                self.policy.quantity_failed(q, step, task.phase, err)
+                continue
+            if self.debug:
+                ms = 1e3 * (time.perf_counter() - t0)
+                print(f"[cockpit] step {step}: {q.key} ({task.phase}) {ms:.2f} ms")
+            if value is not None:
+                values.setdefault(task.start_step, {})[q.key] = value
+        for s, vals in sorted(values.items()):
+            if self.keep_in_memory:
+                self.output.setdefault(s, {}).update(vals)
+            self.emit({"kind": "values", "step": s, "values": vals})
+
+    def emit(self, record: Record) -> None:
+        """Send ``record`` to every sink; a failing sink is removed (with a warning).
+
+        A ``values`` record with a value the log cannot write is reported by the error
+        policy (an ``error`` record of phase ``serialize``).
+        """
+        for sink in list(self.sinks):
+            try:
+                sink(record)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException as err:  # a broken sink (even SystemExit) must not stop training
+                self.sinks.remove(sink)
+                warnings.warn(
+                    f"cockpit: sink {sink!r} failed and was removed: {err} ({type(err).__name__})",
+                    CockpitWarning,
+                    stacklevel=3,
+                )
+        if record.get("kind") == "values" and isinstance(record.get("values"), dict):
+            self.policy.check_serializable(record["step"], record["values"])
+
+    def close(self) -> None:
+        """Disarm the providers; flush and close every sink that has ``close()``."""
+        self.planner.close()
+        for sink in list(self.sinks):
+            close = getattr(sink, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except (KeyboardInterrupt, GeneratorExit):
+                    raise
+                except BaseException as err:  # plugin code: one sink must not skip the others
+                    warnings.warn(
+                        f"cockpit: closing sink {sink!r} failed: {err} ({type(err).__name__})",
+                        CockpitWarning,
+                        stacklevel=3,
+                    )

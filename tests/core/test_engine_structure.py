@@ -1,0 +1,112 @@
+"""The engine's shape: one owner per piece of state, no import circle, settings declared once.
+
+These tests read the source (``ast``) rather than run it, so a refactoring that reintroduces
+a circle or reaches into another module's private attributes fails here, with the place.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import cockpit_core
+from cockpit_core import Cockpit
+from cockpit_core.config_settings import CockpitSettings
+
+CORE = Path(cockpit_core.__file__).parent
+ENGINE = (
+    "cockpit",
+    "tracker",
+    "step",
+    "planner",
+    "error_policy",
+    "accumulation",
+    "context",
+    "step_data",
+    "hvp",
+    "cache",
+    "registry",
+    "name_table",
+)
+
+
+def _imports(module: str) -> set[str]:
+    """``cockpit_core`` modules that ``module`` imports anywhere (also in functions and
+    ``TYPE_CHECKING`` blocks: a circle there is a circle in the design)."""
+    tree = ast.parse((CORE / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            name = node.module
+            if name == "cockpit_core":
+                found.update(f"cockpit_core.{a.name}" for a in node.names)
+            elif name.startswith("cockpit_core."):
+                found.add(name)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("cockpit_core."))
+    return {n.split(".")[1] for n in found if n.count(".") >= 1}
+
+
+def test_the_engine_modules_import_each_other_without_a_circle():
+    graph = {m: _imports(m) & set(ENGINE) for m in ENGINE}
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycle = path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
+                raise AssertionError(f"import circle: {' -> '.join(cycle)}")
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for module in ENGINE:
+        if module not in state:
+            visit(module, [module])
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls`` (dunders and ``_fields`` aside)."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        attr = node.attr
+        if not attr.startswith("_") or attr.startswith("__"):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        root = owner
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in ("sys", "torch"):
+            continue  # sys._getframe, torch.nn.modules.batchnorm._BatchNorm: library names
+        if attr == "_version":
+            continue  # a tensor's version counter, read to see in-place changes
+        found.append(f"{path.name}:{node.lineno}: .{attr}")
+    return found
+
+
+def test_no_engine_module_reads_another_objects_private_attributes():
+    problems = [p for m in ENGINE for p in _private_reads(CORE / f"{m}.py")]
+    assert not problems, "private attributes read from outside their owner:\n" + "\n".join(problems)
+
+
+def test_the_constructor_takes_exactly_the_settings_of_the_config_file():
+    params = inspect.signature(Cockpit.__init__).parameters
+    keywords = {n for n in params if n not in ("self", "params", "registry", "_source")}
+    assert keywords == set(CockpitSettings.model_fields)
+    for name, field in CockpitSettings.model_fields.items():
+        default = params[name].default
+        if name not in ("quantities", "sinks"):  # Python: a tuple; config: a list
+            assert default == field.default, name
+
+
+def test_every_setting_is_documented_in_the_configuration_guide():
+    guide = (CORE.parent / "docs" / "configuration.md").read_text()
+    missing = [n for n in CockpitSettings.model_fields if f"`{n}`" not in guide]
+    assert not missing, f"docs/configuration.md does not mention {missing}"
