@@ -51,7 +51,10 @@ def train_autocast(precision: str, path: str, quantities: list[str]) -> Cockpit:
 
 
 def _compare_histograms(half: Cockpit, fp32: Cockpit, moved: float) -> None:
-    out, ref = half._tracker.output, fp32._tracker.output  # compared here, then left out of the rest
+    out, ref = (
+        half._tracker.output,
+        fp32._tracker.output,
+    )  # compared here, then left out of the rest
     for step in ref:
         got, want = flatten(out[step].pop("grad_hist_1d")), flatten(ref[step].pop("grad_hist_1d"))
         counts, expected = np.asarray(got["hist"]), np.asarray(want["hist"])

@@ -83,9 +83,9 @@ def hvp_refusal(entries: int, limit: int) -> str:
         "products; expected error: standard deviation sqrt(2 (||H||_F^2 - sum_i H_ii^2) / S) "
         "per block, at most sqrt(2/S) ||H||_F), method='hutchpp' or method='xtrace' (the "
         "same S products, smaller error when a few eigenvalues dominate; each reports its "
-        "std_error), or curvature='diag_ggn_mc' for the TIC quantities; or raise the bound "
-        "for this Cockpit: Cockpit(..., registry=cockpit_autodiff.autodiff_registry("
-        "max_hvps=N))"
+        "std_error), and for the TIC quantities curvature='hutchinson' or 'xdiag' (estimated "
+        "diagonal with std_error) or 'diag_ggn_mc'; or raise the bound for this Cockpit: "
+        "Cockpit(..., provider_options={'autodiff': {'max_hvps': N}})"
     )
 
 
@@ -181,10 +181,10 @@ class AutodiffProvider(StatisticProvider):
 
     Needs ``cp.attach(model, loss_fn)`` (a per-sample loss) and the batch in
     ``info["inputs"]`` and ``info["targets"]``. Class attributes are the defaults of the
-    options (:class:`~cockpit_autodiff.options.AutodiffOptions`); the Cockpit's provider
-    options of the same names take precedence, and :meth:`configured` makes a subclass
-    with other defaults (for one Cockpit's registry, see
-    :func:`~cockpit_autodiff.options.autodiff_registry`).
+    options (:class:`~cockpit_autodiff.options.AutodiffOptions`, the provider's
+    ``options_model``); a Cockpit's ``provider_options={"autodiff": {...}}`` take
+    precedence, and :meth:`configured` makes a subclass with other defaults (for one
+    registry, see :func:`~cockpit_autodiff.options.autodiff_registry`).
 
     Attributes:
         max_hvps: Largest number of tracked parameter entries (= Hessian-vector products
@@ -197,6 +197,7 @@ class AutodiffProvider(StatisticProvider):
     """
 
     name = "autodiff"
+    options_model = AutodiffOptions
     cost = 20.0
     description = (
         "autodiff: exact Hessian/GGN diagonals of any model, recomputed after backward "

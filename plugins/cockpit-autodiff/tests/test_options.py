@@ -47,10 +47,14 @@ def test_configured_and_the_registry_change_one_cockpit_only():
     model = problem.make_model()
     loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
     small = Cockpit(model, [HessTrace()], registry=autodiff_registry(max_hvps=10))
+    also_small = Cockpit(model, [HessTrace()], provider_options={"autodiff": {"max_hvps": 10}})
     default = Cockpit(model, [HessTrace()])
-    for cp in (small, default):
+    for cp in (small, also_small, default):
         cp.attach(model, loss_fn)
     assert "above max_hvps=10." in str(small.check(model))
+    assert "above max_hvps=10." in str(also_small.check(model))
+    with pytest.raises(ConfigError, match=r"provider_options\.autodiff\.max_hvp\b"):
+        Cockpit(model, [HessTrace()], provider_options={"autodiff": {"max_hvp": 10}})
     assert str(default.check(model)).startswith("hess_trace  ok           autodiff\n")
 
 

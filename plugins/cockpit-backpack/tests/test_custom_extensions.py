@@ -271,9 +271,9 @@ def test_module_hooks_serve_the_quantities_while_backpack_runs_only_the_users(ca
     backpack_calls = dict(calls)
     alone, _ = _cockpit_run(quantities, lambda: (), extend=cockpit_extend, with_model=True)
     reference = _plain(lambda: (DiagGGNExact(),))
-    assert {cp._router.routes(s.kind)[0].provider for s in cp._tracker.planner.plan(0)[1].statistics} == {
-        "hooks"
-    }
+    assert {
+        cp._router.routes(s.kind)[0].provider for s in cp._tracker.planner.plan(0)[1].statistics
+    } == {"hooks"}
     assert backpack_calls == {("diag_ggn_exact", m): 3 * n for m, n in MODULES.items()}
     assert cp.errors == [] and alone.errors == []
     for step in range(3):

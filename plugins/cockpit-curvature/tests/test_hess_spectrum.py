@@ -178,7 +178,7 @@ def test_warm_start_from_the_cache_saves_products_on_a_slowly_changing_hessian()
     for key in ("hess_spectrum", "cold"):
         np.testing.assert_allclose(result.output[2][key]["top"], ev, rtol=1e-4)
     # k + 1 = 3 Ritz vectors wait in the cache for the next tracked step; none for "cold"
-    cache = result.cockpit._cache
+    cache = result.cockpit._tracker.cache
     assert cache.keys() == [(quantities[0].key, "eigenvectors")]
     assert cache.get(quantities[0].key, "eigenvectors").shape == (3, 74)
 

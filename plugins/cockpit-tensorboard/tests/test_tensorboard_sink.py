@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 )
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
-from cockpit_core import ConfigError, Registry, UnknownQuantityError  # noqa: E402
+from cockpit_core import ConfigError, Registry, UnknownSinkError  # noqa: E402
 from cockpit_core.registry import default_registry  # noqa: E402
 from cockpit_core.testing import run_cockpit, tiny_mlp  # noqa: E402
 
@@ -251,7 +251,7 @@ def test_options_are_validated_with_field_paths(tmp_path):
 
 
 def test_unknown_sink_names_get_a_suggestion():
-    with pytest.raises(UnknownQuantityError, match="Did you mean 'tensorboard'"):
+    with pytest.raises(UnknownSinkError, match="Did you mean 'tensorboard'"):
         default_registry().make_sink("tensorbord")
 
 
