@@ -1,32 +1,33 @@
 """Track a PyTorch Lightning training with ``CockpitCallback`` (CPU, a few seconds).
 
-A small MLP learns a synthetic 3-class problem. Lightning clips the gradient norm to 1;
-the callback computes the quantities inside Lightning's backward pass, so they describe
-the unclipped gradients the loss produced. Needs ``pip install -e ".[lightning]"``::
+A small MLP learns a synthetic 3-class problem. The LightningModule is written as for any
+Lightning run: nothing in it is for cockpit. The callback builds the Cockpit from the
+optimizer's parameters, attaches it to the module (module hooks compute the per-sample
+statistics), computes the quantities inside Lightning's backward pass (so they describe the
+unclipped gradients; Lightning clips the norm to 1 afterwards) and logs every value to the
+Trainer's logger (a CSV file here). Gradient accumulation of 2 batches of 32 gives the
+statistics of the batch of 64. Needs ``pip install -e ".[lightning]"``::
 
     python examples/lightning_example.py [LOG_PATH]
 
 On a GPU, ``precision="16-mixed"`` needs no change here: the callback hands Lightning's
-GradScaler to the Cockpit, so the values are of the unscaled gradients. With several
-optimizers (manual optimization), pass one Cockpit per optimizer,
-``CockpitCallback({0: cp_a, 1: cp_b})`` (docs/integrations.md).
+GradScaler to the Cockpit, so the values are of the unscaled gradients.
 """
 
 from __future__ import annotations
 
+import csv
 import sys
-import warnings
+import tempfile
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 
-from cockpit_core import Cockpit, extend
 from cockpit_core.integrations.lightning import CockpitCallback
 
-STEPS, BATCH = 60, 64
-# BackPACK's module hooks fire on the first layer, whose input needs no gradient: harmless
-warnings.filterwarnings("ignore", message="Full backward hook is firing")
+STEPS, BATCH, ACCUMULATE = 60, 32, 2
 
 
 def make_data(n: int = 1024) -> torch.utils.data.TensorDataset:
@@ -38,26 +39,18 @@ def make_data(n: int = 1024) -> torch.utils.data.TensorDataset:
 
 
 class Classifier(pl.LightningModule):
-    """An MLP whose modules are extended for BackPACK (per-sample statistics)."""
+    """A plain MLP classifier."""
 
     def __init__(self):
         super().__init__()
-        self.net = extend(
-            torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)
         )
-        self.loss_fn = extend(torch.nn.CrossEntropyLoss())
 
     def training_step(self, batch, batch_idx):
-        """Return the mean loss; hand per-sample losses to the Cockpit via ``cockpit_info``."""
+        """The mean cross-entropy loss of the batch."""
         x, y = batch
-        logits = self.net(x)
-        losses = F.cross_entropy(logits, y, reduction="none")
-        self.cockpit_info = {"individual_losses": losses.detach(), "batch_size": len(x)}
-        return self.loss_fn(logits, y)
-
-    def backward(self, loss, *args, **kwargs):
-        """Keep the graph on steps whose quantities need Hessian-vector products."""
-        loss.backward(retain_graph=self.cockpit.retain_graph(self.global_step))
+        return F.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self):
         """SGD with momentum."""
@@ -67,41 +60,46 @@ class Classifier(pl.LightningModule):
 def main() -> None:
     """Train 60 steps while tracking, then print a summary."""
     torch.manual_seed(0)
-    module = Classifier()
-    cp = Cockpit(
-        module.net.named_parameters(),
-        [
+    callback = CockpitCallback(
+        quantities=[
             "loss",
             "grad_norm",
             "norm_test",
             "inner_test",
             "mean_gsnr",
-            "early_stopping",
-            "alpha",
             {"name": "hess_max_ev", "every": 20},
         ],
         log=sys.argv[1] if len(sys.argv) > 1 else None,
+        per_param=False,  # only totals to the logger
     )
-    loader = torch.utils.data.DataLoader(make_data(), batch_size=BATCH, shuffle=True)
-    trainer = pl.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        gradient_clip_val=1.0,  # clipping runs after the Cockpit step
-        callbacks=[CockpitCallback(cp)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    loader = torch.utils.data.DataLoader(
+        make_data(), batch_size=BATCH, shuffle=True, drop_last=True
     )
-    trainer.fit(module, loader)
+    with tempfile.TemporaryDirectory() as folder:
+        logger = pl.loggers.CSVLogger(folder, name="cockpit")
+        trainer = pl.Trainer(
+            max_steps=STEPS,
+            accelerator="cpu",
+            accumulate_grad_batches=ACCUMULATE,
+            gradient_clip_val=1.0,  # clipping runs after the Cockpit step
+            callbacks=[callback],
+            logger=logger,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(Classifier(), loader)
+        with open(Path(logger.log_dir) / "metrics.csv", newline="") as f:
+            keys = sorted(k for k in next(csv.reader(f)) if k.startswith("cockpit/"))
+    print(f"logged to the CSV logger: {', '.join(keys)}")
 
+    cp = callback.cockpit
     out = cp.get_output()
     for step in (0, 20, 40):
         v = out[step]
         print(
             f"step {step:2d}: loss {v['loss']:.3f}  |g| {v['grad_norm']['total']:.3f}  "
             f"norm test {v['norm_test']['total']:.2f}  mean GSNR {v['mean_gsnr']['total']:.3f}  "
-            f"alpha {v['alpha']['alpha']:.2f}  "
             f"max Hessian eigenvalue {v['hess_max_ev']['value']:.3f}"
         )
     print(f"errors: {cp.errors or 'none'}")

@@ -1,40 +1,29 @@
-"""PyTorch Lightning: a callback that wraps each ``backward()`` in a Cockpit step.
+"""PyTorch Lightning: a callback that tracks training with no change to the LightningModule.
 
-Lightning calls ``on_before_backward(trainer, module, loss)`` right before and
-``on_after_backward`` right after the backward pass, before gradient clipping and the
-optimizer step, so the Cockpit sees the same loss and gradients as the optimizer. The
-LightningModule provides what the loss alone does not tell (per-sample losses, batch size)
-by setting ``self.cockpit_info`` in ``training_step``::
+::
 
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        losses = F.cross_entropy(self(x), y, reduction="none")
-        self.cockpit_info = {"individual_losses": losses.detach(), "batch_size": len(x)}
-        return losses.mean()
+    trainer = pl.Trainer(callbacks=[CockpitCallback(quantities="economy")], logger=...)
+    trainer.fit(module, loader)
 
-Quantities that need Hessian-vector products also need the graph kept::
-
-    def backward(self, loss, *args, **kwargs):
-        loss.backward(retain_graph=self.cockpit.retain_graph(self.global_step))
-
-Mixed precision: with ``precision="16-mixed"`` Lightning scales the loss with
-``trainer.precision_plugin.scaler``; the callback passes it as ``info["grad_scaler"]`` and
-the unscaled loss as ``info["loss"]``, so every statistic is of the unscaled gradients.
-
-Several optimizers (manual optimization): give one Cockpit per optimizer,
-``CockpitCallback({0: cp_a, 1: cp_b})``, each built from that optimizer's parameters. Each
-``manual_backward`` is tracked by the Cockpit of the optimizer it belongs to, with that
-optimizer's own step counter (its number of ``step()`` calls so far). Which optimizer a
-backward pass belongs to is ``self.cockpit_info["optimizer_index"]`` if set, else the one
-Cockpit whose parameters the loss reaches (e.g. with ``self.toggle_optimizer(opt)``); one
-that reaches no Cockpit's parameters (an optimizer without a Cockpit) is not tracked.
-
-Install with ``pip install cockpit-core[lightning]``.
+At the start of training the callback builds a Cockpit over the optimizer's parameters
+(one per optimizer in manual optimization with several) and attaches it to the module
+(``cp.attach``, ``docs/any_model.md``). Lightning calls ``on_before_backward`` and
+``on_after_backward`` around each backward pass, before clipping and the optimizer step:
+the Cockpit step opens in the first and closes in the second; with
+``accumulate_grad_batches=K`` it spans the ``K`` backward passes up to
+``on_before_optimizer_step`` (``run.micro_batch``). The graph is kept for Hessian-vector
+products by :class:`~cockpit_core.integrations._lightning_graph.GraphKeeper`; every scalar
+goes to the Trainer's loggers (``cockpit/<quantity>/...``), the dashboard to TensorBoard
+loggers at the end. Optional: ``self.cockpit_info = {...}`` in ``training_step`` adds
+``info`` keys. See ``docs/integrations.md``. Install: ``pip install cockpit-core[lightning]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 try:
@@ -45,77 +34,135 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "pip install 'cockpit-core[lightning]' (or pip install lightning)."
     ) from err
 
-import torch
-
 from cockpit_core.cockpit import Cockpit
-from cockpit_core.errors import MisuseError
+from cockpit_core.errors import CockpitWarning, MisuseError
+from cockpit_core.integrations._lightning_graph import GraphKeeper
+from cockpit_core.integrations._parameters import (
+    batch_size_of,
+    optimizer_of,
+    reached_parameters,
+    trainable_named_parameters,
+)
+from cockpit_core.integrations.reporting import ScalarReporter, dashboard_image
 from cockpit_core.mixed_precision import loss_scale
+
+MICRO_KEYS = ("loss", "individual_losses", "batch_size")
 
 
 class CockpitCallback(Callback):
-    """Track one Cockpit, or one per optimizer, during ``Trainer.fit``.
+    """Track a Lightning training run: add to ``Trainer(callbacks=[...])``, nothing else.
 
     Args:
-        cockpit: The Cockpit, built from the LightningModule's parameters, or a mapping
-            ``{optimizer_index: Cockpit}`` (manual optimization with several optimizers),
-            each built from the parameters of that optimizer.
-        attribute: Name of the LightningModule attribute holding extra ``info`` for the
-            step (``individual_losses``, ``batch_size``, ...; ``optimizer_index`` names
-            the optimizer of the next ``manual_backward``).
+        cockpit: A ready Cockpit over the LightningModule's parameters, or
+            ``{optimizer_index: Cockpit}`` (manual optimization, several optimizers);
+            ``None``: the callback builds them from ``quantities`` at the start of training.
+        quantities: What to track (as ``Cockpit(..., quantities)``; default ``"economy"``).
+        attach: Attach built Cockpits to the LightningModule (module hooks, any model).
+        loss_fn: Per-sample loss for ``cp.attach`` (only the ``torch.func`` provider
+            needs it, and then also ``info["inputs"]``/``info["targets"]``).
+        log_to_loggers: Send every scalar to the Trainer's loggers at its step.
+        prefix: First part of the logged keys (``cockpit/loss``, ...).
+        per_param: Log per-parameter scalars (``cockpit/grad_norm/<param>``) ...
+        per_param_max: ... while a Cockpit tracks at most this many parameters.
+        dashboard: At the end, the dashboard as image ``<prefix>/dashboard`` into every
+            logger whose ``experiment`` has ``add_image`` (TensorBoard); others skip it.
+        dashboard_dpi: Resolution of that image.
+        attribute: LightningModule attribute with extra ``info`` (optional).
+        **cockpit_options: More ``Cockpit`` options for built Cockpits (``log``,
+            ``on_error``, ``sinks``, ``backend``, ...). With several optimizers, ``log``
+            ``run.jsonl`` becomes ``run.optimizer_<i>.jsonl``.
 
-    Step numbers: with automatic optimization ``trainer.global_step``; with manual
-    optimization, for each Cockpit the number of ``step()`` calls of its optimizer so far
-    (the training batch for a single Cockpit whose parameters span several optimizers).
-    ``info["loss"]`` is the (unscaled) loss Lightning backpropagates, ``info["optimizer"]``
-    the Cockpit's optimizer and ``info["grad_scaler"]`` Lightning's ``GradScaler``, if any.
+    Step numbers: ``trainer.global_step`` (optimizer steps, so one step per accumulated
+    batch); with manual optimization, for each Cockpit the number of ``step()`` calls of
+    its optimizer so far.
 
     Raises:
-        MisuseError: A Cockpit would see two backward passes in one of its steps (see
-            the message for what to do), or the mapping names an optimizer that does not
-            exist.
+        MisuseError: A Cockpit together with ``quantities`` or options, a Cockpit that
+            would see two backward passes in one step outside gradient accumulation (the
+            message says what to do), or a mapping naming a missing optimizer.
 
     """
 
-    def __init__(self, cockpit: Cockpit | Mapping[int, Cockpit], attribute: str = "cockpit_info"):
+    def __init__(
+        self,
+        cockpit: Cockpit | Mapping[int, Cockpit] | None = None,
+        *,
+        quantities: Any = None,
+        attach: bool = True,
+        loss_fn: Callable[..., Any] | None = None,
+        log_to_loggers: bool = True,
+        prefix: str = "cockpit",
+        per_param: bool = True,
+        per_param_max: int = 32,
+        dashboard: bool = True,
+        dashboard_dpi: int = 60,
+        attribute: str = "cockpit_info",
+        **cockpit_options: Any,
+    ):
         super().__init__()
-        if isinstance(cockpit, Mapping):
-            if not cockpit or not all(isinstance(c, Cockpit) for c in cockpit.values()):
+        self.cockpits: dict[int | None, Cockpit] = {}
+        if cockpit is not None:
+            if quantities is not None or cockpit_options:
                 raise MisuseError(
-                    "CockpitCallback needs a Cockpit or a mapping {optimizer_index: Cockpit}."
+                    "CockpitCallback: pass a ready Cockpit or quantities=... (and Cockpit "
+                    "options), not both."
                 )
-            self.cockpits: dict[int | None, Cockpit] = {int(k): c for k, c in cockpit.items()}
-        else:
-            self.cockpits = {None: cockpit}  # its optimizer is found at the start of training
+            self.cockpits = _given(cockpit)
+        self.quantities = "economy" if quantities is None else quantities
+        self.options = dict(cockpit_options)
+        self.attach, self.loss_fn = attach, loss_fn
+        self.log_to_loggers, self.prefix = log_to_loggers, prefix
+        self.per_param, self.per_param_max = per_param, per_param_max
+        self.dashboard, self.dashboard_dpi = dashboard, dashboard_dpi
         self.attribute = attribute
-        self._run: Any = None
+        self._keeper = GraphKeeper()
+        self._run: Any = None  # the open step without accumulation
+        self._window: _Window | None = None  # the open step with accumulation
+        self._accumulate = 1
+        self._batch_size: int | None = None
         self._steps: dict[int, int] = {}  # optimizer index -> step() calls so far
         self._batches = 0  # training batches started (a Cockpit spanning several optimizers)
         self._last: dict[int, int] = {}  # id(Cockpit) -> the step of its last backward
+        self._warned: set[str] = set()
+        self._built = False  # the Cockpits are the callback's own
 
     @property
     def cockpit(self) -> Cockpit:
-        """The Cockpit (the first one, given a mapping)."""
+        """The Cockpit (the first one, with several)."""
+        if not self.cockpits:
+            raise MisuseError("CockpitCallback builds its Cockpit when training starts.")
         return next(iter(self.cockpits.values()))
 
     # -- the run ----------------------------------------------------------------------
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """Refuse gradient accumulation; find each Cockpit's optimizer."""
-        if getattr(trainer, "accumulate_grad_batches", 1) != 1:
-            raise MisuseError(
-                "CockpitCallback does not support accumulate_grad_batches > 1 yet: track "
-                "without accumulation, or use cp(step, accumulate=True) in a manual loop."
-            )
+        """Build or resolve the Cockpits, keep graphs when needed, connect the loggers."""
         optimizers = list(trainer.optimizers)
-        if None in self.cockpits:
+        automatic = getattr(pl_module, "automatic_optimization", True)
+        self._accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        if not automatic:
+            self._accumulate = 1  # Lightning refuses it for manual optimization
+        self._steps, self._batches, self._last = {}, 0, {}
+        if self._built or not self.cockpits:  # a second fit gets fresh Cockpits
+            self.cockpits = self._build(pl_module, optimizers, automatic)
+            self._built = True
+        elif None in self.cockpits:
             cp = self.cockpits.pop(None)
-            self.cockpits = {_optimizer_of(cp, optimizers): cp}
-        unknown = [k for k in self.cockpits if k is not None and k >= len(optimizers)]
+            self.cockpits = {optimizer_of(cp, optimizers): cp}
+        unknown = [k for k in self.cockpits if k is not None and k >= max(len(optimizers), 1)]
         if unknown:
             raise MisuseError(
                 f"CockpitCallback: optimizer index(es) {unknown} given, but the "
                 f"LightningModule configures {len(optimizers)} optimizer(s)."
             )
+        self._keeper.install(trainer)
+        if self.log_to_loggers and trainer.loggers:
+            for index, cp in self.cockpits.items():
+                cp.sinks[:] = [s for s in cp.sinks if not isinstance(s, ScalarReporter)]
+                emit = functools.partial(_log_metrics, trainer)
+                ScalarReporter(
+                    emit, self._prefix(index), self.per_param, self.per_param_max
+                ).follow(cp)
         pl_module.cockpit = self.cockpit
         if len(self.cockpits) > 1:
             pl_module.cockpits = dict(self.cockpits)
@@ -123,17 +170,12 @@ class CockpitCallback(Callback):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Count training batches."""
+        """Count training batches; read the batch size."""
         self._batches += 1
-
-    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        """Count each optimizer's steps (the step number of its Cockpit)."""
-        for i, opt in enumerate(trainer.optimizers):
-            if opt is optimizer:
-                self._steps[i] = self._steps.get(i, 0) + 1
+        self._batch_size = batch_size_of(batch)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        """Enter the step of the Cockpit this backward pass belongs to."""
+        """Enter the step (or the micro-batch) of the Cockpit this backward pass belongs to."""
         extra = dict(getattr(pl_module, self.attribute, None) or {})
         several = len(trainer.optimizers) > 1 and not getattr(
             pl_module, "automatic_optimization", True
@@ -143,39 +185,146 @@ class CockpitCallback(Callback):
             return
         index, cp = chosen
         step = self._step(trainer, pl_module, index)
-        if self._last.get(id(cp)) == step:
-            raise MisuseError(self._twice_message(index, step, pl_module))
-        self._last[id(cp)] = step
         info: dict[str, Any] = {"loss": loss}
-        optimizers = trainer.optimizers
-        if optimizers:
-            info["optimizer"] = optimizers[index if index is not None else 0]
+        if self._batch_size is not None:
+            info["batch_size"] = self._batch_size
+        if trainer.optimizers:
+            info["optimizer"] = trainer.optimizers[index if index is not None else 0]
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None:  # Lightning hands over the scaled loss: unscale it
             info["grad_scaler"] = scaler
             info["loss"] = loss / loss_scale(scaler)
         info.update(extra)
+        self._keeper.want(cp.retain_graph(step))
+        if self._accumulate > 1:
+            self._micro_batch(cp, step, info)
+            return
+        if self._last.get(id(cp)) == step:
+            raise MisuseError(self._twice_message(index, step))
+        self._last[id(cp)] = step
         self._run = cp(step, info=info)
         self._run.__enter__()
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        """Leave the step: quantities are computed before clipping and ``optimizer.step``."""
+        """Leave the step (or micro-batch): before clipping and ``optimizer.step``."""
+        if self._window is not None and self._window.micro is not None:
+            micro, self._window.micro = self._window.micro, None
+            micro.__exit__(None, None, None)
+            return
         run, self._run = self._run, None
         if run is not None:
             run.__exit__(None, None, None)
 
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Count each optimizer's steps; end an accumulated step (before clipping)."""
+        for i, opt in enumerate(trainer.optimizers):
+            if opt is optimizer:
+                self._steps[i] = self._steps.get(i, 0) + 1
+        window, self._window = self._window, None
+        if window is not None:
+            window.run.__exit__(None, None, None)
+            self._check_window(window)
+
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Leave a step that ``backward`` interrupted."""
+        args = (type(exception), exception, exception.__traceback__)
+        window, self._window = self._window, None
+        if window is not None:
+            for ctx in (window.micro, window.run):
+                if ctx is not None:
+                    ctx.__exit__(*args)
         run, self._run = self._run, None
         if run is not None:
-            run.__exit__(type(exception), exception, exception.__traceback__)
+            run.__exit__(*args)
+        self._keeper.remove()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        """Close the logs and sinks."""
+        """Close the Cockpits; the dashboard to loggers that take images."""
+        self._keeper.remove()
         for cp in self.cockpits.values():
             cp.close()
+        if self.dashboard and self.log_to_loggers:
+            self._log_dashboards(trainer)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Restore Lightning's ``backward`` even if training stopped early."""
+        self._keeper.remove()
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _build(
+        self, pl_module: Any, optimizers: list, automatic: bool
+    ) -> dict[int | None, Cockpit]:
+        """One Cockpit over the optimizer's parameters (one per optimizer if several)."""
+        several = len(optimizers) > 1 and not automatic
+        groups = (
+            list(enumerate(optimizers)) if several else [(0, optimizers[0] if optimizers else None)]
+        )
+        out: dict[int | None, Cockpit] = {}
+        for index, opt in groups:
+            options = dict(self.options)
+            if several and options.get("log") is not None:
+                path = Path(options["log"])
+                options["log"] = path.with_name(f"{path.stem}.optimizer_{index}{path.suffix}")
+            cp = Cockpit(trainable_named_parameters(pl_module, opt), self.quantities, **options)
+            if self.attach:
+                cp.attach(pl_module, self.loss_fn)
+            out[index] = cp
+        return out
+
+    def _prefix(self, index: int | None) -> str:
+        if len(self.cockpits) > 1:
+            return f"{self.prefix}/optimizer_{index}".strip("/")
+        return self.prefix
+
+    def _micro_batch(self, cp: Cockpit, step: int, info: dict[str, Any]) -> None:
+        """Open the accumulated step at its first backward pass; enter this micro-batch."""
+        size = info.get("batch_size")
+        if self._window is None:
+            total = None if size is None else int(size) * self._accumulate
+            step_info = {k: v for k, v in info.items() if k not in MICRO_KEYS}
+            run = cp(step, info={**step_info, "batch_size": total}, accumulate=True)
+            run.__enter__()
+            self._window = _Window(run)
+        window = self._window
+        window.sizes.append(size)
+        window.micro = window.run.micro_batch({k: info[k] for k in MICRO_KEYS if k in info})
+        window.micro.__enter__()
+
+    def _check_window(self, window: _Window) -> None:
+        """Warn once if the accumulated batch was not ``K`` equal micro-batches."""
+        if len(window.sizes) == self._accumulate and len(set(window.sizes)) == 1:
+            return
+        if "window" in self._warned:
+            return
+        self._warned.add("window")
+        warnings.warn(
+            f"cockpit: an accumulated step had micro-batches of sizes {window.sizes} instead "
+            f"of {self._accumulate} of size {window.sizes[0]}. Lightning divides each "
+            f"micro-batch's loss by accumulate_grad_batches={self._accumulate}, so the "
+            "accumulated gradient is not the mean over the samples and that step's "
+            "per-sample statistics are not exact. Use a number of batches per epoch divisible "
+            "by accumulate_grad_batches and equal batches (drop_last=True).",
+            CockpitWarning,
+            stacklevel=2,
+        )
+
+    def _log_dashboards(self, trainer: Any) -> None:
+        """The dashboard of each Cockpit into every logger with ``experiment.add_image``."""
+        writers = [
+            exp
+            for exp in (getattr(lg, "experiment", None) for lg in trainer.loggers)
+            if callable(getattr(exp, "add_image", None))
+        ]
+        if not writers:
+            return
+        for index, cp in self.cockpits.items():
+            image = dashboard_image(cp, self.dashboard_dpi) if cp.get_output() else None
+            if image is None:
+                continue
+            tag = f"{self._prefix(index)}/dashboard".strip("/")
+            for writer in writers:
+                writer.add_image(tag, image, int(trainer.global_step), dataformats="HWC")
 
     def _choose(self, index: Any, loss: Any, several: bool) -> tuple[int | None, Cockpit] | None:
         """``(optimizer index, Cockpit)`` of this backward pass, or ``None``: not tracked.
@@ -188,7 +337,7 @@ class CockpitCallback(Callback):
             return None if cp is None else (int(index), cp)
         if not several:
             return next(iter(self.cockpits.items()))
-        reached = _reached_parameters(loss)
+        reached = reached_parameters(loss)
         hits = [
             (i, cp) for i, cp in self.cockpits.items() if any(id(p) in reached for p in cp.params)
         ]
@@ -209,7 +358,7 @@ class CockpitCallback(Callback):
             return self._batches - 1
         return self._steps.get(index, 0)
 
-    def _twice_message(self, index: int | None, step: int, pl_module: Any) -> str:
+    def _twice_message(self, index: int | None, step: int) -> str:
         which = "the Cockpit" if index is None else f"the Cockpit of optimizer {index}"
         if index is None:
             fix = (
@@ -220,8 +369,9 @@ class CockpitCallback(Callback):
         else:
             fix = (
                 "Call the optimizer's step() after each manual_backward() it tracks (gradient "
-                "accumulation is not supported), or set self.cockpit_info['optimizer_index'] "
-                "to the optimizer each backward pass belongs to."
+                "accumulation in manual optimization is not supported), or set "
+                "self.cockpit_info['optimizer_index'] to the optimizer each backward pass "
+                "belongs to."
             )
         return (
             f"CockpitCallback: {which} would see a second backward pass at its step {step} "
@@ -230,38 +380,32 @@ class CockpitCallback(Callback):
         )
 
 
-def _optimizer_of(cp: Cockpit, optimizers: Sequence[Any]) -> int | None:
-    """The index of the optimizer that updates exactly (else all of) the Cockpit's parameters.
+class _Window:
+    """An accumulated step: its ``with cp(..., accumulate=True)`` run and micro-batches."""
 
-    ``None`` if the parameters span several optimizers.
-    """
-    if len(optimizers) <= 1:
-        return 0
-    ids = {id(p) for p in cp.params}
-    sets = [{id(p) for g in opt.param_groups for p in g["params"]} for opt in optimizers]
-    for i, s in enumerate(sets):
-        if s == ids:
-            return i
-    for i, s in enumerate(sets):
-        if ids <= s:
-            return i
-    return None
+    def __init__(self, run: Any):
+        self.run = run
+        self.micro: Any = None
+        self.sizes: list[int | None] = []
 
 
-def _reached_parameters(loss: Any) -> set[int]:
-    """``id`` of every leaf tensor the backward pass of ``loss`` accumulates a gradient into."""
-    out: set[int] = set()
-    fn = getattr(loss, "grad_fn", None)
-    if not isinstance(loss, torch.Tensor) or fn is None:
-        return out
-    seen, todo = set(), [fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            out.add(id(variable))
-        todo.extend(next_fn for next_fn, _ in node.next_functions)
-    return out
+def _given(cockpit: Any) -> dict[int | None, Cockpit]:
+    """``{optimizer index or None: Cockpit}`` of a Cockpit or a mapping of Cockpits."""
+    if isinstance(cockpit, Cockpit):
+        return {None: cockpit}  # its optimizer is found at the start of training
+    if (
+        isinstance(cockpit, Mapping)
+        and cockpit
+        and all(isinstance(c, Cockpit) for c in cockpit.values())
+    ):
+        return {int(k): c for k, c in cockpit.items()}
+    raise MisuseError(
+        "CockpitCallback needs a Cockpit, a mapping {optimizer_index: Cockpit}, or "
+        "quantities=... (e.g. CockpitCallback(quantities='economy'))."
+    )
+
+
+def _log_metrics(trainer: Any, step: int, scalars: dict[str, float]) -> None:
+    """Every logger of the Trainer gets the scalars at the Cockpit's step."""
+    for logger in trainer.loggers:
+        logger.log_metrics(dict(scalars), step=step)

@@ -358,7 +358,6 @@ MaterializedGrads = DenseGrads
 FactoredLinearGrads = OuterProductGrads
 
 
-
 def __getattr__(name: str) -> Any:
     """``ConvGrads`` and ``EmbeddingGrads``, imported on first use (PEP 562).
 

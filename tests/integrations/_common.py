@@ -170,3 +170,92 @@ def assert_matches_brute_force(
                 assert value.get("exact", True) is True, f"{step}.{key}"
                 value = value["alpha"] if key == "alpha" else value["total"]
             assert value == pytest.approx(values[key], rel=rel, abs=1e-12), f"{step}.{key}"
+
+
+# -- stock models: no extend, no cockpit_info; the hosts find everything themselves ------
+
+# loss, gradient norm, a per-sample gradient test, the GSNR and two Hessian quantities
+# (Lanczos and Hutchinson: the hosts must keep the graph without a change to the model)
+STOCK_QUANTITIES = [
+    "loss",
+    "grad_norm",
+    "norm_test",
+    "mean_gsnr",
+    {"name": "hess_max_ev"},
+    {"name": "hess_trace", "method": "hutchinson"},
+]
+# the scalar each of them is compared by (the keys a host's loggers receive)
+STOCK_TAGS = {
+    "cockpit/loss": ("loss", None),
+    "cockpit/grad_norm/total": ("grad_norm", "total"),
+    "cockpit/norm_test/total": ("norm_test", "total"),
+    "cockpit/mean_gsnr/total": ("mean_gsnr", "total"),
+    "cockpit/hess_max_ev/value": ("hess_max_ev", "value"),
+    "cockpit/hess_trace/total": ("hess_trace", "total"),
+}
+STOCK_LR = 0.5
+
+
+def plain_model(seed: int = 0) -> torch.nn.Sequential:
+    """``Linear(6, 5), Tanh, Linear(5, 3)`` as a user writes it (53 parameters)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def stock_reference(steps: int = STEPS) -> tuple[dict, list[list[torch.Tensor]]]:
+    """A hand-written loop: SGD (lr 0.5), all 16 samples as one batch per step.
+
+    A host that accumulates micro-batches of these 16 samples (in any order) must give
+    the same values: every statistic here is of the mean loss of the 16 samples. Returns
+    the Cockpit output and the parameters during each step.
+    """
+    model = plain_model()
+    opt = torch.optim.SGD(model.parameters(), lr=STOCK_LR)
+    cp = Cockpit(model, STOCK_QUANTITIES, on_error="raise")
+    x, y = data()
+    states = []
+    for step in range(steps):
+        states.append([p.detach().clone() for p in model.parameters()])
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss, "batch_size": len(x), "optimizer": opt}):
+            loss.backward(retain_graph=cp.retain_graph(step))
+        opt.step()
+    return cp.get_output(), states
+
+
+def exact_loss_and_max_ev(params: list[torch.Tensor]) -> tuple[float, float]:
+    """Float64 mean loss and largest eigenvalue of its explicit Hessian (53 x 53)."""
+    x, y = data()
+    shapes = [p.shape for p in params]
+    flat = torch.cat([p.detach().double().flatten() for p in params])
+
+    def loss_of(theta: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(theta, [s.numel() for s in shapes])
+        w1, b1, w2, b2 = (t.reshape(s) for t, s in zip(parts, shapes))
+        logits = torch.tanh(x.double() @ w1.T + b1) @ w2.T + b2
+        return torch.nn.functional.cross_entropy(logits, y)
+
+    hessian = torch.autograd.functional.hessian(loss_of, flat)
+    return float(loss_of(flat)), float(torch.linalg.eigvalsh(hessian)[-1])
+
+
+def assert_logged_match(logged: dict[int, dict[str, float]], rtol: float = 1e-5) -> None:
+    """The host's logged scalars equal the hand-written loop's values and the brute force.
+
+    Host and loop run the same float32 operations up to summation order (two
+    micro-batches instead of one batch), so values agree to ``rtol`` 1e-5. The loss also
+    equals its float64 value (1e-6) and ``hess_max_ev`` the largest eigenvalue of the
+    explicit float64 Hessian (Lanczos stops at a relative error bound of 1e-4; 1e-3 leaves
+    room for float32 Hessian-vector products).
+    """
+    expected, states = stock_reference()
+    assert sorted(logged) == sorted(expected) == list(range(STEPS))
+    for step, values in expected.items():
+        for tag, (key, field) in STOCK_TAGS.items():
+            want = values[key] if field is None else values[key][field]
+            assert tag in logged[step], f"step {step}: {tag} not logged"
+            np.testing.assert_allclose(logged[step][tag], want, rtol=rtol, err_msg=f"{step} {tag}")
+        loss, max_ev = exact_loss_and_max_ev(states[step])
+        assert logged[step]["cockpit/loss"] == pytest.approx(loss, rel=1e-6)
+        assert logged[step]["cockpit/hess_max_ev/value"] == pytest.approx(max_ev, rel=1e-3)

@@ -1,4 +1,10 @@
-"""CockpitTrainer gives the values of a Cockpit in a hand-written loop, before clipping."""
+"""The Hugging Face integration gives the values of a Cockpit in a hand-written loop.
+
+The first test trains with a user's ``Trainer`` subclass (it overrides ``compute_loss``)
+composed with ``CockpitMixin``, ``CockpitCallback(quantities=...)`` and gradient
+accumulation, and reads the values back from what the Trainer reported. The others check
+clipping, the GradScaler, the deprecated ``CockpitTrainer`` and the errors.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -14,18 +21,157 @@ from _common import (  # noqa: E402
     LR,
     QUANTITIES,
     STEPS,
+    STOCK_LR,
+    STOCK_QUANTITIES,
+    assert_logged_match,
     assert_outputs_equal,
     assert_params_equal,
     data,
     import_framework,
     make_model,
+    plain_model,
     reference,
 )
 
 transformers = import_framework("transformers")
 
-from cockpit_core import Cockpit, CockpitWarning, extend  # noqa: E402
-from cockpit_core.integrations.huggingface import CockpitTrainer  # noqa: E402
+from cockpit_core import Cockpit, CockpitWarning, MisuseError, extend  # noqa: E402
+from cockpit_core.integrations.huggingface import (  # noqa: E402
+    CockpitCallback,
+    CockpitMixin,
+    CockpitTrainer,
+)
+
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self, key: str = "x"):
+        self.x, self.y = data()
+        self.key = key
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {self.key: self.x[i], "labels": self.y[i]}
+
+
+def _args(tmp_path, **kwargs):
+    options = {
+        "output_dir": str(tmp_path),
+        "max_steps": STEPS,
+        "per_device_train_batch_size": 16,  # the whole data set: one batch per step
+        "learning_rate": LR,
+        "lr_scheduler_type": "constant",
+        "optim": "sgd",
+        "weight_decay": 0.0,
+        "max_grad_norm": 0.0,
+        "report_to": [],
+        "use_cpu": True,
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "disable_tqdm": True,
+    }
+    return transformers.TrainingArguments(**{**options, **kwargs})
+
+
+# -- a user's Trainer subclass, a stock model, gradient accumulation ----------------------
+
+
+class Features(torch.nn.Module):
+    """A model as users write it: no extend; the loss is computed by the Trainer."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = plain_model()
+
+    def forward(self, features):
+        return self.net(features)
+
+
+class MyTrainer(transformers.Trainer):
+    """The user's own Trainer subclass, with its own loss."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        logits = model(inputs["features"])
+        loss = torch.nn.functional.cross_entropy(logits, inputs["labels"])
+        return (loss, logits) if return_outputs else loss
+
+
+class Tracked(CockpitMixin, MyTrainer):
+    """What the user adds: one line."""
+
+
+class Closes:
+    """A sink that counts how often the Cockpit closed it."""
+
+    def __init__(self):
+        self.closed = 0
+
+    def __call__(self, record):
+        pass
+
+    def close(self):
+        self.closed += 1
+
+
+def test_mixin_with_accumulation_reports_the_values_of_a_hand_written_loop(tmp_path, monkeypatch):
+    """2 micro-batches of 8 (shuffled) per step give the statistics of the batch of 16.
+
+    The values reach ``report_to`` (TensorBoard here) and the Trainer's log history at the
+    Cockpit's step; the callback closes the Cockpit when training ends.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    sink = Closes()
+    callback = CockpitCallback(quantities=STOCK_QUANTITIES, on_error="raise", sinks=[sink])
+    args = _args(
+        tmp_path,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        learning_rate=STOCK_LR,
+        report_to=["tensorboard"],
+        remove_unused_columns=False,  # the labels are for compute_loss, not the model
+    )
+    trainer = Tracked(
+        model=Features(), args=args, train_dataset=Data("features"), callbacks=[callback]
+    )
+    trainer.train()
+
+    assert trainer.cockpit is callback.cockpit and callback.cockpit.errors == []
+    assert sink.closed == 1
+    history = {
+        entry["step"]: {k: v for k, v in entry.items() if k.startswith("cockpit/")}
+        for entry in trainer.state.log_history
+        if "cockpit/loss" in entry
+    }
+    assert_logged_match(history)
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    board: dict[int, dict[str, float]] = {}
+    for tag in events.Tags()["scalars"]:
+        if tag.startswith("train/cockpit/"):  # the Trainer's TensorBoard writer adds train/
+            for event in events.Scalars(tag):
+                board.setdefault(event.step, {})[tag.removeprefix("train/")] = event.value
+    assert_logged_match(board, rtol=1e-6)  # TensorBoard keeps float32
+
+
+def test_the_callback_without_the_mixin_and_the_mixin_without_the_callback_are_errors(
+    tmp_path,
+):
+    plain = transformers.Trainer(
+        model=Features(),
+        args=_args(tmp_path, remove_unused_columns=False),
+        train_dataset=Data("features"),
+        callbacks=[CockpitCallback(quantities=["loss"])],
+    )
+    with pytest.raises(MisuseError, match=r"class MyTrainer\(CockpitMixin, Trainer\)"):
+        plain.train()
+    with pytest.raises(MisuseError, match=r"needs exactly one .*CockpitCallback.*found 0"):
+        Tracked(model=Features(), args=_args(tmp_path), train_dataset=Data("features"))
+
+
+# -- ready Cockpits, BackPACK-extended HF-style models --------------------------------------
 
 
 class Wrapped(torch.nn.Module):
@@ -41,35 +187,18 @@ class Wrapped(torch.nn.Module):
         return {"loss": self.loss_fn(logits, labels), "logits": logits}
 
 
-class Data(torch.utils.data.Dataset):
-    def __init__(self):
-        self.x, self.y = data()
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
+class TrackedDefault(CockpitMixin, transformers.Trainer):
+    """The stock Trainer with the mixin."""
 
 
-def test_trainer_matches_a_hand_written_loop_and_sees_unclipped_gradients(tmp_path):
+def test_deprecated_trainer_matches_a_hand_written_loop_and_sees_unclipped_gradients(tmp_path):
     model = Wrapped()
     cp = Cockpit(model.net.named_parameters(), QUANTITIES, on_error="raise")
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=STEPS,
-        per_device_train_batch_size=16,  # the whole data set: one batch per step
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        optim="sgd",
-        weight_decay=0.0,
-        max_grad_norm=CLIP,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-    )
-    CockpitTrainer(model=model, args=args, train_dataset=Data(), cockpit=cp).train()
+    with pytest.warns(FutureWarning, match="CockpitTrainer is deprecated"):
+        trainer = CockpitTrainer(
+            model=model, args=_args(tmp_path, max_grad_norm=CLIP), train_dataset=Data(), cockpit=cp
+        )
+    trainer.train()
 
     expected, params = reference(clip=CLIP)
     assert all(expected[s]["grad_norm"]["total"] > CLIP for s in expected)  # clipping acts
@@ -77,7 +206,7 @@ def test_trainer_matches_a_hand_written_loop_and_sees_unclipped_gradients(tmp_pa
     assert_params_equal(model.net.parameters(), params)  # and the updates were clipped
 
 
-def test_trainer_passes_the_accelerators_grad_scaler(tmp_path):
+def test_mixin_passes_the_accelerators_grad_scaler(tmp_path):
     """``fp16`` needs a GPU, so the Accelerator gets a GradScaler by hand (as fp16 would).
 
     Without clipping (the Accelerator unscales before clipping only in real fp16), the
@@ -85,21 +214,9 @@ def test_trainer_passes_the_accelerators_grad_scaler(tmp_path):
     """
     model = Wrapped()
     cp = Cockpit(model.net.named_parameters(), QUANTITIES, on_error="raise")
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path),
-        max_steps=STEPS,
-        per_device_train_batch_size=16,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        optim="sgd",
-        weight_decay=0.0,
-        max_grad_norm=0.0,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
+    trainer = TrackedDefault(
+        model=model, args=_args(tmp_path), train_dataset=Data(), callbacks=[CockpitCallback(cp)]
     )
-    trainer = CockpitTrainer(model=model, args=args, train_dataset=Data(), cockpit=cp)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     trainer.accelerator.scaler = scaler  # prepare() hands it to the optimizer wrapper
     scaled = []

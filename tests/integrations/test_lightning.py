@@ -1,8 +1,15 @@
-"""The Lightning callback gives the values of a Cockpit in a hand-written loop, before clipping."""
+"""The Lightning callback gives the values of a Cockpit in a hand-written loop, before clipping.
+
+The first tests train a stock LightningModule (nothing for cockpit in it) with
+``CockpitCallback(quantities=...)`` and read the values back from the Trainer's logger; the
+others pass ready Cockpits (the earlier API, still supported) to modules that set
+``cockpit_info``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +23,9 @@ from _common import (  # noqa: E402
     LR,
     QUANTITIES,
     STEPS,
+    STOCK_LR,
+    STOCK_QUANTITIES,
+    assert_logged_match,
     assert_matches_brute_force,
     assert_outputs_equal,
     assert_params_equal,
@@ -24,6 +34,7 @@ from _common import (  # noqa: E402
     data,
     import_framework,
     make_model,
+    plain_model,
     reference,
 )
 
@@ -33,6 +44,94 @@ from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
 
 from cockpit_core import Cockpit, CockpitWarning, MisuseError, extend  # noqa: E402
 from cockpit_core.integrations.lightning import CockpitCallback  # noqa: E402
+
+
+class Stock(pl.LightningModule):
+    """A LightningModule as users write it: no extend, no cockpit_info, no backward."""
+
+    def __init__(self, manual: bool = False):
+        super().__init__()
+        self.net = plain_model()
+        self.automatic_optimization = not manual
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=STOCK_LR)
+
+
+def _fit_stock(tmp_path, logger, accumulate=1, manual=False, samples=16, **callback_options):
+    """Fit ``Stock`` on the 16 samples (shuffled), ``16 / accumulate`` per batch."""
+    x, y = data()
+    if samples > len(x):  # more batches than one epoch of whole accumulated steps
+        x, y = torch.cat([x, x])[:samples], torch.cat([y, y])[:samples]
+    dataset = torch.utils.data.TensorDataset(x, y)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16 // accumulate, shuffle=True)
+    callback = CockpitCallback(quantities=STOCK_QUANTITIES, on_error="raise", **callback_options)
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        accumulate_grad_batches=accumulate,
+        callbacks=[callback],
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Stock(manual=manual), loader)
+    return trainer, callback
+
+
+def _read_csv(path) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            values = {k: float(v) for k, v in row.items() if k != "step" and v != ""}
+            out.setdefault(int(row["step"]), {}).update(values)
+    return out
+
+
+@pytest.mark.parametrize(("accumulate", "manual"), [(2, False), (1, True)])
+def test_stock_module_logs_the_values_of_a_hand_written_loop_to_csv(tmp_path, accumulate, manual):
+    """Accumulating 2 micro-batches of 8 gives the statistics of the batch of 16.
+
+    Manual optimization (``manual_backward``) goes through the same hooks.
+    """
+    logger = pl.loggers.CSVLogger(tmp_path, name="csv")
+    trainer, callback = _fit_stock(tmp_path, logger, accumulate, manual, dashboard=False)
+    assert callback.cockpit.errors == [] and callback.cockpit.skipped == []
+    assert_logged_match(_read_csv(Path(logger.log_dir) / "metrics.csv"))
+
+
+def test_stock_module_logs_scalars_and_the_dashboard_to_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = pl.loggers.TensorBoardLogger(tmp_path, name="tb")
+    _fit_stock(tmp_path, logger)
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    logged: dict[int, dict[str, float]] = {}
+    for tag in events.Tags()["scalars"]:
+        for event in events.Scalars(tag):
+            logged.setdefault(event.step, {})[tag] = event.value
+    assert_logged_match(logged, rtol=1e-6)  # TensorBoard keeps float32
+    (image,) = events.Images("cockpit/dashboard")
+    assert image.step == STEPS and image.width > 100 and image.height > 100
+
+
+def test_an_uneven_accumulated_step_is_announced(tmp_path):
+    """24 samples in batches of 8, 2 per step: the epoch's last step has one micro-batch."""
+    with pytest.warns(CockpitWarning, match=r"micro-batches of sizes \[8\] instead of 2 of size 8"):
+        _fit_stock(tmp_path, False, accumulate=2, samples=24, dashboard=False)
 
 
 class Module(pl.LightningModule):
@@ -191,6 +290,34 @@ def test_manual_optimization_tracks_each_optimizer_with_its_own_cockpit_and_step
         out = cps[i].get_output()
         assert sorted(out) == [0, 1, 2]  # one record per batch, each step once
         assert_outputs_equal(out, expected[i])  # its own loss and gradient, none stale
+
+
+def test_built_cockpits_one_per_optimizer_log_under_their_index(tmp_path):
+    """``quantities=`` with two optimizers: a Cockpit each, attached, own keys and log."""
+    x, y, loader = _three_batches()
+    logger = pl.loggers.CSVLogger(tmp_path, name="csv")
+    callback = CockpitCallback(
+        quantities=QUANTITIES, on_error="raise", log=tmp_path / "run.jsonl", dashboard=False
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=[callback],
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TwoOptimizers(), loader)
+
+    expected = _two_optimizer_reference(x, y)
+    logged = _read_csv(Path(logger.log_dir) / "metrics.csv")
+    for i in (0, 1):
+        assert_outputs_equal(callback.cockpits[i].get_output(), expected[i])
+        assert (tmp_path / f"run.optimizer_{i}.jsonl").exists()
+        for step, values in expected[i].items():
+            got = logged[step][f"cockpit/optimizer_{i}/grad_norm/total"]
+            assert got == pytest.approx(values["grad_norm"]["total"], rel=1e-6)
 
 
 def test_one_cockpit_over_two_optimizers_is_a_clear_error(tmp_path):
