@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cockpit_core import checks
 from cockpit_core.attention import MathAttentionHooks
 from cockpit_core.config import (
     CockpitSettings,
@@ -21,15 +18,19 @@ from cockpit_core.config import (
     resolve_quantities,
 )
 from cockpit_core.config_quantities import quantity_entry, resolve_added_quantity
-from cockpit_core.coverage import CoverageReport, check_model
+from cockpit_core.coverage import (
+    CoverageReport,
+    check_model,
+    refuse_batch_norm,
+    warn_unprovided_kinds,
+)
 from cockpit_core.distributed import Distributed, active_group, writes_here
-from cockpit_core.errors import CockpitWarning, ConfigError, MisuseError
+from cockpit_core.errors import ConfigError, MisuseError
 from cockpit_core.log import LogWriter
 from cockpit_core.metrics import METRICS_KEY, clean_metrics
 from cockpit_core.normalize import check_unique_keys, split_params
 from cockpit_core.quantity import Quantity
 from cockpit_core.registry import Registry, default_registry
-from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.step import StepRun
 from cockpit_core.tracker import Record, Sink, Tracker
@@ -168,7 +169,7 @@ class Cockpit:
         if model is not None:
             router.attach(model)
         self._router = router
-        self._warn_unprovided_kinds()
+        warn_unprovided_kinds(self.quantities, router.providers.values())
         self._attention_hooks: MathAttentionHooks | None = None
         self._math_attention = False
         self._tracker = Tracker(
@@ -329,7 +330,8 @@ class Cockpit:
                 "they are tracked from the next step on."
             )
         q = resolve_added_quantity(quantity, self.quantities, self.registry)
-        self._warn_unprovided_kinds([q])  # asks for its requirements before anything changes
+        # asks for its requirements before anything changes
+        warn_unprovided_kinds([q], self._router.providers.values())
         step = tracker.add(q)  # appends to self.quantities
         model = self._router.model
         if self._math_attention and self._attention_hooks is None and model is not None:
@@ -453,34 +455,7 @@ class Cockpit:
         if router.model is not model:  # routing needs it; arm its providers too
             self.attach(model, router.loss_fn if router.model is None else None)
         report = check_model(self.quantities, model, router, self._math_attention)
-        return self._refuse_batch_norm(report, model)
-
-    def _refuse_batch_norm(self, report: CoverageReport, model: torch.nn.Module) -> CoverageReport:
-        """Per-sample quantities are unavailable while tracked BatchNorm layers train."""
-        tracked = {id(p) for p in self.params}
-        modules = [
-            name or type(m).__name__
-            for name, m in model.named_modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-            and m.training
-            and any(id(p) in tracked for p in m.parameters(recurse=False))
-        ]
-        if not modules:
-            return report
-        per_sample = {
-            q.key
-            for q in self.quantities
-            if any(s.per_sample for r in q.all_requirements() for s in r.statistics)
-        }
-        why = f"BatchNorm module(s) {checks.names_text(modules)}: {checks.BATCH_NORM_REASON}"
-        hint = "Use GroupNorm/LayerNorm, or track these quantities with the model in eval mode."
-        rows = tuple(
-            dataclasses.replace(row, available=False, why=why, hint=hint)
-            if row.available and row.quantity in per_sample
-            else row
-            for row in report.rows
-        )
-        return dataclasses.replace(report, rows=rows)
+        return refuse_batch_norm(report, model, self.quantities, self.params)
 
     @property
     def errors(self) -> list[Record]:
@@ -550,22 +525,3 @@ class Cockpit:
         return plot(self, path, **options)
 
     # -- checks ---------------------------------------------------------------------------
-
-    def _warn_unprovided_kinds(self, quantities: Iterable[Quantity] | None = None) -> None:
-        """Warn now about statistics that no installed provider computes at all."""
-        providers = self._router.providers.values()
-        for q in self.quantities if quantities is None else quantities:
-            for stat in {
-                s.identity: s for r in q.all_requirements() for s in r.statistics
-            }.values():
-                kind = stat.kind
-                if isinstance(kind, StatisticKind) and any(p.delivers(kind) for p in providers):
-                    continue
-                hint = getattr(stat.kind, "install_hint", "")
-                warnings.warn(
-                    f"cockpit: no installed statistics provider computes {stat.describe()}, "
-                    f"which '{q.key}' needs; it will record an error at every tracked step."
-                    + (f" Hint: {hint}." if hint else ""),
-                    CockpitWarning,
-                    stacklevel=3,
-                )

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
+from cockpit_core import checks
+from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
+from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.messages import name_list
+from cockpit_core.statistics.provider import StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
 
 
@@ -177,3 +184,60 @@ def _param_routes(router: StatisticsRouter, kinds: list) -> tuple[ParamRoute, ..
         reasons = tuple(dict.fromkeys(r for kind in kinds for r in router.reasons(kind, i)))
         groups.setdefault((served, reasons), []).append(slot.name)
     return tuple(ParamRoute(tuple(n), s, r) for (s, r), n in groups.items())
+
+
+def refuse_batch_norm(
+    report: CoverageReport,
+    model: torch.nn.Module,
+    quantities: Iterable[Quantity],
+    params: Iterable[torch.Tensor],
+) -> CoverageReport:
+    """``report`` with per-sample quantities unavailable while tracked BatchNorm layers train.
+
+    BatchNorm in training mode mixes the samples of a batch, so per-sample gradients are
+    not defined there.
+    """
+    tracked = {id(p) for p in params}
+    modules = [
+        name or type(m).__name__
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+        and m.training
+        and any(id(p) in tracked for p in m.parameters(recurse=False))
+    ]
+    if not modules:
+        return report
+    per_sample = {
+        q.key
+        for q in quantities
+        if any(s.per_sample for r in q.all_requirements() for s in r.statistics)
+    }
+    why = f"BatchNorm module(s) {checks.names_text(modules)}: {checks.BATCH_NORM_REASON}"
+    hint = "Use GroupNorm/LayerNorm, or track these quantities with the model in eval mode."
+    rows = tuple(
+        dataclasses.replace(row, available=False, why=why, hint=hint)
+        if row.available and row.quantity in per_sample
+        else row
+        for row in report.rows
+    )
+    return dataclasses.replace(report, rows=rows)
+
+
+def warn_unprovided_kinds(
+    quantities: Iterable[Quantity], providers: Iterable[StatisticProvider]
+) -> None:
+    """Warn now about statistics that no installed provider computes at all."""
+    providers = list(providers)
+    for q in quantities:
+        for stat in {s.identity: s for r in q.all_requirements() for s in r.statistics}.values():
+            kind = stat.kind
+            if isinstance(kind, StatisticKind) and any(p.delivers(kind) for p in providers):
+                continue
+            hint = getattr(stat.kind, "install_hint", "")
+            warnings.warn(
+                f"cockpit: no installed statistics provider computes {stat.describe()}, "
+                f"which '{q.key}' needs; it will record an error at every tracked step."
+                + (f" Hint: {hint}." if hint else ""),
+                CockpitWarning,
+                stacklevel=3,
+            )
