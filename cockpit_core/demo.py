@@ -4,8 +4,11 @@ Nothing is downloaded: the data ships inside scikit-learn. Every fifth image is 
 for validation; an epoch is one pass over the shuffled training split in full mini-batches.
 At the start of every epoch (and after the last step) the demo measures loss and accuracy
 on both splits and records them with ``cp.log``, so the dashboard shows its *Performance*
-panel. The run folder gets the log (``log.jsonl``), a consolidated ``output.json`` and the
-dashboard picture ``dashboard.png``; the folder is printed at the end. Progress goes to
+panel, together with the ``learning_rate`` (which labels the run in comparisons). The run
+folder gets the log (``log.jsonl``), a consolidated ``output.json`` and the dashboard
+picture ``dashboard.png``; the folder is printed at the end. :func:`run_compare_lr` trains
+once per learning rate from the same initialisation and batch order and draws the runs
+into one comparison dashboard, the paper's central workflow. Progress goes to
 standard error: a tqdm bar on a terminal, otherwise (a file, a pipe, a CI log) one line at
 every tenth of the run, so logs get no carriage returns.
 """
@@ -16,7 +19,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -66,13 +69,15 @@ def _log_performance(
     train: tuple[torch.Tensor, torch.Tensor],
     valid: tuple[torch.Tensor, torch.Tensor],
     epoch: int | None,
+    lr: float,
 ) -> tuple[float, float]:
-    """Log loss and accuracy on both splits at ``step``; return both accuracies."""
+    """Log loss, accuracy (both splits) and learning rate at ``step``; return the accuracies."""
     train_loss, train_accuracy = evaluate(model, *train)
     valid_loss, valid_accuracy = evaluate(model, *valid)
     cp.log(
         step,
         epoch_count=epoch,
+        learning_rate=lr,
         train_loss=train_loss,
         valid_loss=valid_loss,
         train_accuracy=train_accuracy,
@@ -159,6 +164,9 @@ def run_demo(
     seed: int = 0,
     batch_size: int = 64,
     lr: float = 0.1,
+    picture: bool = True,
+    build_model: Callable[[], torch.nn.Module] = make_model,
+    diagnoses: Sequence[str | dict[str, Any]] | None = None,
 ) -> Path:
     """Train for ``steps`` steps with the ``preset`` quantities and return the run folder.
 
@@ -169,6 +177,10 @@ def run_demo(
         seed: Seed of the model initialisation and batch order.
         batch_size: Mini-batch size.
         lr: Learning rate of SGD with momentum 0.9.
+        picture: Draw the run's dashboard (``dashboard.png``).
+        build_model: Builds the network, after seeding (default :func:`make_model`).
+        diagnoses: Diagnoses to run while training (``Cockpit(diagnoses=...)``); their
+            findings go into the log.
 
     Raises:
         ValueError: ``steps`` is below 1; checked before the run folder is created.
@@ -187,17 +199,17 @@ def run_demo(
     per_epoch = len(x) // batch_size  # full mini-batches per pass over the training split
     # module hooks compute the first-order statistics; BackPACK (when installed) the
     # curvature diagonals of the business and full presets, which need extended modules
-    model = extend(make_model())
+    model = extend(build_model())
     loss_fn = extend(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    cp = Cockpit(model, quantities, log=run / "log.jsonl")
+    cp = Cockpit(model, quantities, log=run / "log.jsonl", diagnoses=diagnoses)
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(x), generator=gen)
     with progress(steps) as report:
         for step in range(steps):
             epoch, batch = divmod(step, per_epoch)
             if batch == 0:  # a new epoch: measure where it starts, reshuffle the training split
-                _log_performance(cp, step, model, train, valid, epoch)
+                _log_performance(cp, step, model, train, valid, epoch, lr)
                 order = torch.randperm(len(x), generator=gen)
             idx = order[batch * batch_size : (batch + 1) * batch_size]
             xb, yb = x[idx], y[idx]
@@ -216,7 +228,7 @@ def run_demo(
             opt.step()
             report(step, loss.item())
     # after the last step (epoch_count only where an epoch starts)
-    train_accuracy, valid_accuracy = _log_performance(cp, steps, model, train, valid, None)
+    train_accuracy, valid_accuracy = _log_performance(cp, steps, model, train, valid, None, lr)
     cp.close()
     cp.write(run / "output.json")
     epochs = steps / per_epoch
@@ -225,7 +237,7 @@ def run_demo(
         f"({epochs:.1f} epochs) of SGD (lr {lr}, momentum 0.9, batch {batch_size}), "
         f"accuracy train {train_accuracy:.3f} / validation {valid_accuracy:.3f}"
     )
-    picture = _plot(cp, run / "dashboard.png", title)
+    picture = _plot(cp, run / "dashboard.png", title) if picture else None
     print(
         f"Trained {steps} steps ({epochs:.1f} epochs), accuracy: train {train_accuracy:.3f}, "
         f"validation {valid_accuracy:.3f}."
@@ -233,6 +245,61 @@ def run_demo(
     files = ", ".join(["log.jsonl", "output.json"] + ([picture.name] if picture else []))
     print(f"Run folder: {run.resolve()}  ({files})")
     return run
+
+
+def run_compare_lr(
+    lrs: Sequence[float],
+    preset: str = "economy",
+    steps: int = 300,
+    out: str | Path | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> Path:
+    """Train the demo once per learning rate and draw the runs into one comparison picture.
+
+    Every run starts from the same initialisation and sees the same batches (``seed``), so
+    only the learning rate differs, as in the paper's comparison of learning rates
+    (Schneider, Dangel & Hennig, "Cockpit", NeurIPS 2021). The folder ``out`` gets
+    one run folder per learning rate (``lr-0.1/log.jsonl``, ``output.json``) and the
+    comparison dashboard ``compare_lr.png``, whose legends name the learning rates.
+
+    Args:
+        lrs: Learning rates of SGD with momentum 0.9, one run each.
+        preset: A preset name or comma-separated quantity names.
+        steps: SGD steps per run.
+        out: Folder of the runs (default ``runs/compare-lr-<timestamp>``).
+        seed: Seed of the model initialisation and batch order, the same for every run.
+        batch_size: Mini-batch size.
+
+    Raises:
+        ValueError: No learning rate, one that is not positive, or ``steps`` below 1;
+            checked before anything is trained.
+        ConfigError: ``preset`` names no installed preset or quantity; likewise.
+
+    """
+    rates = [float(lr) for lr in lrs]
+    if not rates or not all(math.isfinite(lr) and lr > 0 for lr in rates):
+        raise ValueError(f"give one or more positive learning rates, got {list(lrs)}")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    demo_quantities(preset)
+    folder = (
+        Path(out) if out is not None else Path("runs") / time.strftime("compare-lr-%Y%m%d-%H%M%S")
+    )
+    logs = []
+    for lr in rates:
+        print(f"Learning rate {lr:g}:")
+        run = run_demo(preset, steps, folder / f"lr-{lr:g}", seed, batch_size, lr, picture=False)
+        logs.append(run / "log.jsonl")
+    from cockpit_core.dashboard import plot
+
+    title = (
+        f"cockpit demo --compare-lr: 64-32-10 MLP on the 8x8 digits, preset '{preset}', "
+        f"{steps} steps of SGD (momentum 0.9, batch {batch_size}) per learning rate"
+    )
+    path = plot(logs, folder / "compare_lr.png", title=title)
+    print(f"Comparison of {len(rates)} learning rates written to {path.resolve()}")
+    return folder
 
 
 def _plot(cp: Cockpit, path: Path, title: str) -> Path | None:

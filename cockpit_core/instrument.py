@@ -57,6 +57,12 @@ class Instrument:
         available: Optional ``available(output) -> bool`` on the same restricted output as
             ``draw``: a further condition on the data (e.g. per-parameter histograms were
             kept). When it returns ``False`` the panel is skipped and listed as such.
+        overlay: How a run comparison (``render([run_a, run_b, ...])``) draws the panel:
+            ``True`` calls ``draw`` once per run on the same axes and re-colours what each
+            call adds in that run's colour; ``False`` draws one small panel per run side by
+            side (heat maps, 2-D histograms, insets); ``None`` (the default) decides from
+            the first run's drawing: side by side if it adds a colour-mapped mesh or image
+            or inset axes, overlaid otherwise. See ``docs/dashboard.md#comparing-runs``.
 
     """
 
@@ -71,6 +77,7 @@ class Instrument:
     min_steps: int = 1
     description: str = ""
     available: Callable[[Output], bool] | None = None
+    overlay: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quantities", _names(self.quantities, "quantities"))
@@ -88,6 +95,8 @@ class Instrument:
             problems.append("draw must be a function draw(ax, output, header)")
         if self.available is not None and not callable(self.available):
             problems.append("available must be None or a function available(output) -> bool")
+        if self.overlay not in (None, True, False):
+            problems.append(f"overlay must be None, True or False, got {self.overlay!r}")
         if not self.quantities and not self.optional:
             problems.append("give at least one quantity name in quantities or optional")
         if not isinstance(self.size, (int, float)) or self.size <= 0:

@@ -4,7 +4,8 @@ Plugins contribute panels through the ``register_instruments`` hook with
 :class:`Instrument`; :func:`render` groups them by topic, skips what was not tracked and
 says so, and writes PNG, SVG or PDF headless. ``Cockpit.plot(path)`` and
 ``cockpit plot LOG -o dashboard.png`` call it; :class:`LivePlot` refreshes a picture while
-training runs. See ``docs/dashboard.md``.
+training runs. Given a list of runs, :func:`render` compares them in one dashboard, a
+colour per run (:mod:`cockpit_core.dashboard.compare`). See ``docs/dashboard.md``.
 
 Importing this package does not import matplotlib (it is imported when rendering), so
 plugins can import :class:`Instrument` and the helpers at discovery time.
@@ -51,7 +52,7 @@ __all__ = [
 
 
 def render(source: Any, path: Any = None, **options: Any) -> Any:
-    """Render a dashboard; see :func:`cockpit_core.dashboard.layout.render`."""
+    """Render a dashboard (a list of runs: compared); see :func:`.layout.render`."""
     from cockpit_core.dashboard.layout import render as _render
 
     return _render(source, path, **options)

@@ -5,14 +5,18 @@ Layout (like Cockpit 1.0.2's, but built from whatever instruments are installed)
     +-------------+-----------------------+-------------+-------------------+
     |  STEP SIZE  |       GRADIENT        |  CURVATURE  |  <plugin topics>  |
     |  panel      |  panel     panel      |  panel      |  panel            |
-    |  panel      |  panel     panel      |  panel      |                   |
+    |  panel      |  panel     panel      |  panel      |  <small topic>    |
+    |  panel      |  panel     panel      |  panel      |  panel            |
     +-------------+-----------------------+-------------+-------------------+
     |  PERFORMANCE: panels side by side                                     |
     +-----------------------------------------------------------------------+
     Not tracked: ... (panels skipped because their quantities were not tracked)
 
-A topic with more panels than ``rows`` wraps into several sub-columns. Figures are built
-without pyplot (no global state, no window): safe in threads and on headless machines.
+A topic with more panels than ``rows`` wraps into several sub-columns; a plugin's topic
+with few panels shares the column before it when there is room (:func:`_columns`), each
+topic in its own box. Given several runs, the same layout shows the union of their panels,
+a colour per run (:mod:`cockpit_core.dashboard.compare`). Figures are built without pyplot
+(no global state, no window): safe in threads and on headless machines.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import os
 import textwrap
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ from cockpit_core.dashboard.planning import (
 )
 from cockpit_core.dashboard.style import EXTRA_COLORS, TOPIC_COLORS, message
 from cockpit_core.errors import UnknownInstrumentError
-from cockpit_core.instrument import Instrument
+from cockpit_core.instrument import TOPICS, Instrument
 from cockpit_core.log import LogData
 
 FORMATS = ("png", "svg", "pdf")
@@ -62,12 +66,15 @@ def render(
     rows: int = 4,
     panel_size: tuple[float, float] = (4.6, 2.7),
     dpi: int = 100,
+    labels: Sequence[str] | None = None,
 ) -> Any:
     """Render the dashboard of ``source`` and save it to ``path`` if given.
 
     Args:
         source: A :class:`~cockpit_core.Cockpit`, a log path (``.jsonl`` or ``.json``), a
-            :class:`~cockpit_core.log.LogData` or ``{step: {name: value}}``.
+            :class:`~cockpit_core.log.LogData` or ``{step: {name: value}}``; or a list of
+            these to compare runs: each panel then shows every run in its own colour, with
+            a legend (see :mod:`cockpit_core.dashboard.compare`).
         path: Output file; the suffix picks the format (``.png``, ``.svg``, ``.pdf``).
         registry: Where instruments come from (default: the Cockpit's, else every
             installed plugin).
@@ -77,12 +84,15 @@ def render(
         rows: Panels per column before a topic wraps into another column.
         panel_size: Width and height of one panel in inches.
         dpi: Resolution of raster output.
+        labels: Legend labels of compared runs (default: each run's learning rate, else
+            its log path; see :func:`~cockpit_core.dashboard.compare.run_labels`).
 
     Returns:
         The matplotlib ``Figure``.
 
     Raises:
         UnknownInstrumentError: A name of ``panels`` is no instrument's (with the closest).
+        ValueError: An empty list of runs, or ``labels`` not one per run.
 
     """
     from matplotlib.figure import Figure
@@ -90,15 +100,35 @@ def render(
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}.")
     suffix = _check_path(path)
-    data = load(source)
-    insts = list(instruments) if instruments is not None else _default_instruments(source, registry)
+    sources = list(source) if isinstance(source, (list, tuple)) else [source]
+    if not sources:
+        raise ValueError("render needs at least one run: got an empty list.")
+    datas = [load(s) for s in sources]
+    insts = (
+        list(instruments) if instruments is not None else _default_instruments(sources[0], registry)
+    )
     if panels is not None:
         insts = _select(insts, panels)
-    plan_ = plan(data, insts)
-    columns = {t: ps for t, ps in plan_.topics.items() if t != "performance"}
+    if len(datas) == 1:
+        data = datas[0]
+        plan_ = plan(data, insts)
+
+        def draw(fig: Any, cell: Any, panel: Panel) -> Any:
+            return _draw_panel(fig, cell, panel, data)
+
+        summary = _summary(data, sorted(data.output))
+    else:
+        from cockpit_core.dashboard import compare
+
+        runs, plan_, data = compare.prepare(datas, sources, insts, labels)
+        summary = compare.summary(runs)
+
+        def draw(fig: Any, cell: Any, panel: Panel) -> Any:
+            return compare.draw_panel(fig, cell, panel, runs)
+
     bottom = plan_.topics.get("performance", [])
-    subcols = [(t, chunk) for t, ps in columns.items() for chunk in _split(ps, rows)]
-    nrows = max((len(ps) for _, ps in subcols), default=0)
+    subcols = _columns({t: ps for t, ps in plan_.topics.items() if t != "performance"}, rows)
+    nrows = max((sum(len(ps) for _, ps in col) for col in subcols), default=0)
     pw, ph = panel_size
     note = _note(plan_, data)
     ncols = max(len(subcols), 2)
@@ -113,8 +143,7 @@ def render(
     height = top_in + col_in + bottom_in + note_in + (0.35 if subcols and bottom else 0.0)
     fig = Figure(figsize=(width, height), dpi=dpi, facecolor="white")
 
-    steps = sorted(data.output)
-    title = title or _summary(data, steps)
+    title = title or summary
     size = min(13.0, 13.0 * width * 8.5 / max(len(title), 1))  # keep a long title on the page
     fig.suptitle(title, x=0.01, ha="left", fontsize=size, fontweight="bold")
     y_top = 1 - top_in / height
@@ -130,17 +159,32 @@ def render(
             bottom=y_bot + 0.45 / height,
             wspace=0.42,
         )
-        cells: dict[str, list[Any]] = {}
-        for j, (topic, panels) in enumerate(subcols):
+        boxes: dict[str, list[tuple[float, float, float, float]]] = {}
+        for j, column in enumerate(subcols):
             inner = outer[0, j].subgridspec(nrows, 1, hspace=0.85)
-            for i, panel in enumerate(panels):
-                _draw_panel(fig, inner[i, 0], panel, data)
-            cells.setdefault(topic, []).append(outer[0, j].get_position(fig))
-        for k, (topic, boxes) in enumerate(cells.items()):
-            x0 = min(b.x0 for b in boxes) - 0.42 / width
-            x1 = max(b.x1 for b in boxes) + 0.1 / width
+            slots = [inner[i, 0].get_position(fig) for i in range(nrows)]
+            i = 0
+            for k, (topic, panels) in enumerate(column):
+                for panel in panels:
+                    draw(fig, inner[i, 0], panel)
+                    i += 1
+                # a topic sharing its column gets a box around its own panels only
+                top = y_top if k == 0 else slots[i - len(panels)].y1 + col_title_in / height
+                low = y_bot if k == len(column) - 1 else slots[i - 1].y0 - 0.45 / height
+                if k < len(column) - 1:  # leave a gap to the next topic's box
+                    gap = slots[i - 1].y0 - slots[i].y1
+                    low = max(low, slots[i].y1 + gap / 2 + 0.05 / height)
+                if k > 0:
+                    gap = slots[i - len(panels) - 1].y0 - slots[i - len(panels)].y1
+                    top = min(top, slots[i - len(panels)].y1 + gap / 2 - 0.05 / height)
+                x = outer[0, j].get_position(fig)
+                boxes.setdefault(topic, []).append((x.x0, low, x.x1, top))
+        for k, (topic, parts) in enumerate(boxes.items()):
+            x0 = min(b[0] for b in parts) - 0.42 / width
+            x1 = max(b[2] for b in parts) + 0.1 / width
+            y0, y1 = min(b[1] for b in parts), max(b[3] for b in parts)
             color = TOPIC_COLORS.get(topic, EXTRA_COLORS[k % len(EXTRA_COLORS)])
-            _group(fig, (x0, y_bot, x1, y_top), topic, color, 0.08 / height)
+            _group(fig, (x0, y0, x1, y1), topic, color, 0.08 / height)
         y_top = y_bot - 0.35 / height
     if bottom or not subcols:
         y_bot = y_top - bottom_in / height
@@ -158,7 +202,7 @@ def render(
                 width_ratios=[p.instrument.size for p in bottom],
             )
             for j, panel in enumerate(bottom):
-                _draw_panel(fig, gs[0, j], panel, data)
+                draw(fig, gs[0, j], panel)
         else:
             ax = fig.add_axes(
                 (left, y_bot + 0.1 / height, right - left, (bottom_in - 0.2) / height)
@@ -205,6 +249,31 @@ def _group(
     )
 
 
+def _columns(topics: Mapping[str, list[Panel]], rows: int) -> list[list[tuple[str, list[Panel]]]]:
+    """The column groups: each column a list of ``(topic, panels)``, top to bottom.
+
+    A topic fills columns of at most ``rows`` panels (:func:`_split`). A plugin's own
+    topic (not one of :data:`~cockpit_core.instrument.TOPICS`) that fits in the free
+    slots of the column before it joins that column, stacked below, when that column
+    holds whole topics only: one- or two-panel plugin topics share a column instead of
+    each taking a mostly empty one. The standard topics keep their columns.
+    """
+    chunks = [
+        (t, chunk, len(chunk) == len(ps)) for t, ps in topics.items() for chunk in _split(ps, rows)
+    ]
+    height = max((len(chunk) for _, chunk, _ in chunks), default=0)
+    columns: list[list[tuple[str, list[Panel]]]] = []
+    shareable = False  # whether the last column holds whole topics only
+    for topic, chunk, whole in chunks:
+        used = sum(len(ps) for _, ps in columns[-1]) if columns else height
+        if whole and shareable and topic not in TOPICS and used + len(chunk) <= height:
+            columns[-1].append((topic, chunk))
+        else:
+            columns.append([(topic, chunk)])
+            shareable = whole
+    return columns
+
+
 def _split(panels: list[Panel], rows: int) -> list[list[Panel]]:
     """Split a topic's panels into the fewest sub-columns of at most ``rows``, evenly."""
     k = -(-len(panels) // rows)
@@ -224,9 +293,24 @@ def _summary(data: LogData, steps: list[int]) -> str:
     )
 
 
+def _title(ax: Any, panel: Panel) -> None:
+    ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
+
+
 def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:
     ax = fig.add_subplot(cell)
-    ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
+    _title(ax, panel)
+    draw_safely(fig, ax, panel, data, lambda a: _title(a, panel))
+    return ax
+
+
+def draw_safely(
+    fig: Any, ax: Any, panel: Panel, data: LogData, title: Callable[[Any], None]
+) -> None:
+    """Draw ``panel`` of ``data`` on ``ax``; a failure is shown in the panel and warned about.
+
+    ``title(ax)`` sets the title again after a failure cleared the axes.
+    """
     before = set(fig.axes)
     try:
         panel.instrument.draw(ax, panel_output(data, panel), data.header)
@@ -239,14 +323,13 @@ def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:
         for child in list(ax.child_axes):
             child.remove()
         ax.clear()
-        ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
+        title(ax)
         message(ax, f"could not draw this panel:\n{type(err).__name__}: {err}"[:200])
         warnings.warn(
             f"cockpit dashboard: instrument '{panel.instrument.name}' failed: "
             f"{type(err).__name__}: {err}",
-            stacklevel=3,
+            stacklevel=5,
         )
-    return ax
 
 
 def _check_path(path: str | os.PathLike | None) -> str | None:
