@@ -169,9 +169,10 @@ def test_live_plot_refreshes_every_n_steps(tmp_path):
     path = tmp_path / "live.png"
     result = run_cockpit(tiny_mlp(), ["loss", "grad_norm"], steps=5, live_plot=path, live_every=2)
     live = next(s for s in result.cockpit.sinks if isinstance(s, LivePlot))
-    assert live.renders == 3 and path.exists()  # steps 0, 2, 4
-    result.cockpit.close()
-    assert live.renders == 3  # nothing new since step 4
+    result.cockpit.close()  # waits for the background renderer's last picture
+    assert path.exists()
+    # asked at steps 0, 2 and 4; requests arriving while a picture is drawn are merged
+    assert 1 <= live.renders <= 3
     with pytest.raises(ValueError, match="every must be"):
         LivePlot(tmp_path / "x.png", every=0)
 

@@ -1,0 +1,34 @@
+"""The web view: the instruments of one or more runs in a browser, live or as one file.
+
+``cockpit serve RUN...`` (:func:`serve`) shows the runs' logs as plotly charts and updates
+them while the logs grow; ``cockpit plot RUN... -o dash.html`` (:func:`write_page`) writes
+the same page as one self-contained file. Both only read the logs. Modules: ``follow``
+(one log read incrementally), ``panels`` (which series goes into which panel),
+``feed`` (several runs and the page's data), ``page`` (the HTML), ``server`` (HTTP).
+See ``docs/dashboard.md`` (Web view). Needs the ``plotly`` package.
+"""
+
+from __future__ import annotations
+
+from cockpit_core.web.feed import Feed, RunNotFoundError, find_logs
+from cockpit_core.web.follow import LogFollower
+from cockpit_core.web.page import render_page, write_page
+from cockpit_core.web.panels import PANELS, TOPICS, WebPanel, assign, figures
+from cockpit_core.web.server import WebServer, make_server, serve
+
+__all__ = [
+    "PANELS",
+    "TOPICS",
+    "Feed",
+    "LogFollower",
+    "RunNotFoundError",
+    "WebPanel",
+    "WebServer",
+    "assign",
+    "figures",
+    "find_logs",
+    "make_server",
+    "render_page",
+    "serve",
+    "write_page",
+]

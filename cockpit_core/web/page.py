@@ -1,0 +1,165 @@
+"""The web view's HTML page: plotly.js draws the panels from the data of a :class:`Feed`.
+
+One page serves both uses. ``cockpit plot RUN -o dash.html`` writes it as a single
+self-contained file (plotly.js inlined, the data embedded, no network needed);
+``cockpit serve`` sends the same page with plotly.js as a separate, cacheable file and a
+poll interval, and the page then asks the server for ``data.json`` every few seconds and
+redraws with ``Plotly.react`` when the version changed. The charts are plotly's; the
+page's own script only places the panels and polls.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cockpit_core.web.feed import Feed
+
+PLOTLY_JS = "plotly.min.js"
+"""Where ``cockpit serve`` serves plotly.js (relative to the page)."""
+
+DATA_JSON = "data.json"
+"""Where ``cockpit serve`` serves :meth:`Feed.payload` (relative to the page)."""
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1em 2em; color: #222; }
+h1 { font-size: 1.3em; margin-bottom: 0.2em; }
+h2 { font-size: 1.05em; text-transform: uppercase; color: #555; border-bottom: 1px solid #ccc; }
+#cockpit-status { color: #555; font-size: 0.9em; }
+.cockpit-topic { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr));
+  gap: 0.5em; }
+.cockpit-error { color: #b00; }
+"""
+
+# Places one div per panel under its topic's heading and hands the figure to plotly;
+# with POLL > 0 asks the server for data.json and redraws when its version changed.
+_SCRIPT = """
+const POLL_MS = %(poll_ms)d;
+let version = null;
+function section(topic) {
+  const id = "topic-" + topic.replace(/[^a-z0-9]+/g, "-");
+  let box = document.getElementById(id);
+  if (!box) {
+    const h = document.createElement("h2");
+    h.textContent = topic;
+    box = document.createElement("div");
+    box.id = id;
+    box.className = "cockpit-topic";
+    const panels = document.getElementById("cockpit-panels");
+    panels.appendChild(h);
+    panels.appendChild(box);
+  }
+  return box;
+}
+function show(data) {
+  version = data.version;
+  for (const topic of data.topics) {
+    if (data.panels.some((p) => p.topic === topic)) section(topic);
+  }
+  for (const p of data.panels) {
+    let div = document.getElementById("panel-" + p.id);
+    if (!div) {
+      div = document.createElement("div");
+      div.id = "panel-" + p.id;
+      div.className = "cockpit-panel";
+      section(p.topic).appendChild(div);
+    }
+    div.dataset.points = p.points;
+    Plotly.react(div, p.figure.data, p.figure.layout, {responsive: true, displaylogo: false});
+  }
+  const runs = data.runs.map((r) => r.label + " (last step " + r.last_step + ")").join(", ");
+  const status = document.getElementById("cockpit-status");
+  status.dataset.points = data.points;
+  status.dataset.version = data.version;
+  status.textContent = data.points + " values in " + data.panels.length + " panels; " + runs +
+    "; updated " + data.updated + (POLL_MS ? " (live)" : "");
+  const errors = data.runs.filter((r) => r.error).map((r) => r.label + ": " + r.error);
+  document.getElementById("cockpit-errors").textContent = errors.join("; ");
+}
+async function poll() {
+  try {
+    const response = await fetch("%(data)s?version=" + version, {cache: "no-store"});
+    const data = await response.json();
+    if (data.version !== version) show(data);
+  } catch (err) {
+    document.getElementById("cockpit-errors").textContent = "cannot reach the server: " + err;
+  }
+  setTimeout(poll, POLL_MS);
+}
+show(JSON.parse(document.getElementById("cockpit-data").textContent));
+if (POLL_MS > 0) setTimeout(poll, POLL_MS);
+"""
+
+
+def plotly_js() -> str:
+    """The plotly.js bundle of the installed ``plotly`` package."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+def _embed(payload: dict[str, Any]) -> str:
+    """JSON that is safe inside a ``<script>`` element."""
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=False, default=_plain)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _plain(value: Any) -> Any:
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"cannot send {type(value).__name__} to the page")
+
+
+def payload_json(payload: dict[str, Any]) -> bytes:
+    """``data.json`` as sent by the server."""
+    return _embed(payload).encode("utf-8")
+
+
+def render_page(payload: dict[str, Any], poll_seconds: float = 0.0, inline_js: bool = True) -> str:
+    """The page showing ``payload`` (:meth:`Feed.payload`).
+
+    Args:
+        payload: The data shown first.
+        poll_seconds: Seconds between asks for :data:`DATA_JSON`; ``0`` for a static file.
+        inline_js: Inline plotly.js (a self-contained file); else load :data:`PLOTLY_JS`.
+
+    """
+    script = (
+        f"<script>{plotly_js()}</script>" if inline_js else f'<script src="{PLOTLY_JS}"></script>'
+    )
+    code = _SCRIPT % {"poll_ms": round(poll_seconds * 1000), "data": DATA_JSON}
+    title = html.escape(str(payload.get("title", "cockpit")))
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{title}</title>\n<style>{_STYLE}</style>\n{script}\n</head>\n<body>\n"
+        f'<h1>{title}</h1>\n<p id="cockpit-status"></p>\n'
+        '<p id="cockpit-errors" class="cockpit-error"></p>\n'
+        '<div id="cockpit-panels"></div>\n'
+        f'<script id="cockpit-data" type="application/json">{_embed(payload)}</script>\n'
+        f"<script>{code}</script>\n</body>\n</html>\n"
+    )
+
+
+def write_page(
+    paths: list[str | os.PathLike],
+    out: str | os.PathLike,
+    title: str | None = None,
+    labels: list[str] | None = None,
+) -> Path:
+    """Write the web view of the runs at ``paths`` to ``out`` as one self-contained file.
+
+    The file opens in any browser without a server or a network (plotly.js is inlined:
+    about 5 MB). It is written to a temporary file first and then renamed over ``out``.
+    ``title`` and ``labels`` as in :class:`Feed`.
+    """
+    out = Path(out)
+    text = render_page(Feed(paths, title=title, labels=labels).payload())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
