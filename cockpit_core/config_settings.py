@@ -115,6 +115,12 @@ class CockpitSettings(BaseModel):
         description="Which processes write the log, sinks and live plot under "
         "torch.distributed: 'rank0' (only process 0) or 'all'.",
     )
+    diagnoses: list[str | dict[str, Any]] | None = Field(
+        None,
+        description="Diagnoses to run while training (names registered by plugins, or "
+        "tables with 'name' and the diagnosis's options; null: none); each finding goes to "
+        "the log and every sink and is warned about once. See docs/diagnoses.md.",
+    )
 
     @field_validator("quantities", mode="before")
     @classmethod

@@ -9,8 +9,8 @@ Its hook implementations are functions decorated with :data:`hookimpl` whose nam
 the specs below. Each hook receives a ``register`` callback; the core validates what is
 registered and reports name collisions, naming both distributions. The callbacks are typed
 by the protocols :class:`RegisterQuantity`, :class:`RegisterPreset`,
-:class:`RegisterInstrument`, :class:`RegisterSink`, :class:`RegisterStatisticProvider` and
-:class:`RegisterStatisticKind`, so a type checker verifies a plugin's calls::
+:class:`RegisterInstrument`, :class:`RegisterSink`, :class:`RegisterStatisticProvider`,
+:class:`RegisterStatisticKind` and :class:`RegisterDiagnosis`, so a type checker verifies a plugin's calls::
 
     @hookimpl
     def register_quantities(register: RegisterQuantity) -> None:
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # only for annotations: importing them here would be an impor
     from pydantic import BaseModel
 
     from cockpit_core.dashboard.instrument import Instrument
+    from cockpit_core.diagnosis import Diagnosis
     from cockpit_core.quantity import Quantity
     from cockpit_core.statistics.kinds import StatisticKind
     from cockpit_core.statistics.provider import StatisticProvider
@@ -104,6 +105,13 @@ class RegisterStatisticKind(Protocol):
         """Register one :class:`~cockpit_core.StatisticKind`."""
 
 
+class RegisterDiagnosis(Protocol):
+    """``register`` of :func:`register_diagnoses`: ``register(DiagnosisClass)``."""
+
+    def __call__(self, diagnosis: type[Diagnosis], /) -> None:
+        """Register one :class:`~cockpit_core.diagnosis.Diagnosis` subclass."""
+
+
 REGISTER_PROTOCOLS: dict[str, type] = {
     "register_quantities": RegisterQuantity,
     "register_presets": RegisterPreset,
@@ -111,6 +119,7 @@ REGISTER_PROTOCOLS: dict[str, type] = {
     "register_sinks": RegisterSink,
     "register_statistic_providers": RegisterStatisticProvider,
     "register_statistic_kinds": RegisterStatisticKind,
+    "register_diagnoses": RegisterDiagnosis,
 }
 """The type of each hook's ``register`` argument, by hook name."""
 
@@ -211,6 +220,25 @@ def register_statistic_kinds(register: RegisterStatisticKind) -> None:
     """
 
 
+# -- what the values mean -------------------------------------------------------------------
+
+
+@hookspec
+def register_diagnoses(register: RegisterDiagnosis) -> None:
+    """Register diagnoses: rules that read logged values and report findings with evidence.
+
+    Call ``register(DiagnosisClass)`` once per class. The class must subclass
+    :class:`cockpit_core.diagnosis.Diagnosis` with a unique snake_case ``name``, the quantity
+    names it ``reads``, its thresholds as a ``Config`` (a
+    :class:`~cockpit_core.diagnosis.DiagnosisConfig`) and a ``check(window)`` method that
+    returns :class:`~cockpit_core.diagnosis.Finding` objects. ``cockpit diagnose LOG`` runs
+    every installed diagnosis on a log; ``Cockpit(..., diagnoses=[...])`` runs the named
+    ones while training. See ``docs/diagnoses.md``.
+
+    Added in cockpit-core 0.2 (protocol version 1).
+    """
+
+
 HOOK_NAMES: tuple[str, ...] = (
     "register_quantities",
     "register_presets",
@@ -218,6 +246,7 @@ HOOK_NAMES: tuple[str, ...] = (
     "register_sinks",
     "register_statistic_providers",
     "register_statistic_kinds",
+    "register_diagnoses",
 )
 """All hook names, in documentation order (meta-tests check docs and tests cover each)."""
 

@@ -56,6 +56,7 @@ class PluginInfo:
         providers: Names of the statistics providers it registered.
         kinds: Names of the statistic kinds it registered.
         sinks: Names of the sinks it registered.
+        diagnoses: Names of the diagnoses it registered.
 
     """
 
@@ -71,6 +72,7 @@ class PluginInfo:
     providers: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     sinks: list[str] = field(default_factory=list)
+    diagnoses: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import pluggy
 
 from cockpit_core import plugins as _plugins
+from cockpit_core.diagnosis import Diagnosis, check_diagnosis_class
 from cockpit_core.errors import (
     ConfigError,
     DuplicateNameError,
@@ -81,6 +82,20 @@ def check_provider_class(cls: Any) -> None:
             f"{cls.__name__}.name = {cls.name!r} is not a valid provider name: use snake_case, "
             "e.g. 'module_hooks'."
         )
+
+
+@dataclass(frozen=True)
+class DiagnosisEntry:
+    """A registered diagnosis class and where it comes from."""
+
+    cls: type[Diagnosis]
+    distribution: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        """The diagnosis name (``cockpit diagnose --only``, ``Cockpit(diagnoses=...)``)."""
+        return self.cls.name
 
 
 @dataclass(frozen=True)
@@ -173,6 +188,9 @@ class Registry:
         default_factory=lambda: NameTable("statistics provider name", "provider", strict=False)
     )
     kinds: NameTable[StatisticKind] = field(default_factory=_kinds)
+    diagnoses: NameTable[DiagnosisEntry] = field(
+        default_factory=lambda: NameTable("diagnosis name", "diagnosis", strict=True)
+    )
     extension_errors: dict[str, str] = field(default_factory=dict)
     plugins: list[PluginInfo] = field(default_factory=list)
     plugin_manager: pluggy.PluginManager = field(default_factory=_plugins.new_plugin_manager)
@@ -262,6 +280,12 @@ class Registry:
                 )
             new_i.append(instrument)
 
+        new_d: list[DiagnosisEntry] = []
+
+        def register_diagnosis(dcls: type) -> None:
+            check_diagnosis_class(dcls)
+            new_d.append(DiagnosisEntry(dcls, info.distribution, info.version))
+
         def register_sink(
             name: str, factory: Any, config: Any = None, description: str = ""
         ) -> None:
@@ -294,6 +318,18 @@ class Registry:
                 "quantities still work."
             )
             warnings.warn(f"cockpit: plugin {self.extension_errors[info.name]}", stacklevel=2)
+        try:  # nor a broken diagnosis
+            self._call(info.name, "register_diagnoses", register=register_diagnosis)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:
+            new_d.clear()
+            self.extension_errors[info.name] = (
+                f"'{info.name}' ({info.distribution}): register_diagnoses raised "
+                f"{_plugins.describe_error(err)}; its diagnoses are skipped, its quantities "
+                "still work."
+            )
+            warnings.warn(f"cockpit: plugin {self.extension_errors[info.name]}", stacklevel=2)
         for entry in new_q:
             if self.catalog.add(entry.name, entry, entry.distribution):
                 self.aliases.setdefault(entry.cls.__name__, entry.name)
@@ -313,6 +349,9 @@ class Registry:
         for sink in new_s:
             info.sinks.append(sink.name)
             self.sinks.add(sink.name, sink, info.distribution)
+        for diagnosis in new_d:
+            info.diagnoses.append(diagnosis.name)
+            self.diagnoses.add(diagnosis.name, diagnosis, info.distribution)
 
     @property
     def quantities(self) -> dict[str, QuantityEntry]:
@@ -329,7 +368,7 @@ class Registry:
         """Every name two distributions registered, with the error that describes it.
 
         Keys: the name for quantities and presets; ``"provider:"``, ``"kind:"``,
-        ``"instrument:"`` or ``"sink:"`` and the name otherwise.
+        ``"instrument:"``, ``"sink:"`` or ``"diagnosis:"`` and the name otherwise.
         """
         found: dict[str, DuplicateNameError] = dict(self.catalog.clashes())
         for prefix, table in (
@@ -337,6 +376,7 @@ class Registry:
             ("kind", self.kinds),
             ("instrument", self.instruments),
             ("sink", self.sinks),
+            ("diagnosis", self.diagnoses),
         ):
             found.update({f"{prefix}:{n}": err for n, err in table.clashes().items()})
         return found

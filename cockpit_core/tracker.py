@@ -19,6 +19,8 @@ import torch
 from cockpit_core import checks
 from cockpit_core.cache import Cache
 from cockpit_core.context import StepContext
+from cockpit_core.diagnose import DiagnosisRunner
+from cockpit_core.diagnosis import Finding
 from cockpit_core.distributed import Distributed
 from cockpit_core.error_policy import ErrorPolicy
 from cockpit_core.errors import CockpitWarning, MissingInfoError
@@ -45,6 +47,7 @@ class Tracker:
         dist: The process group's helper under ``torch.distributed``, else ``None``.
         debug: Print what is computed at each step.
         keep_in_memory: Keep values for ``get_output``.
+        diagnoses: Runs diagnoses on the records (``None``: no diagnoses while training).
 
     Attributes:
         planner: Which quantity phases run at a step; pending and disabled quantities.
@@ -55,6 +58,7 @@ class Tracker:
         added_at: Key of a quantity added with ``cp.add`` -> its first step.
         last_step: The last step whose block completed (``None`` before the first).
         active_step: The step whose ``with`` block runs now (``None`` outside blocks).
+        findings: What the diagnoses found so far, each finding once.
 
     """
 
@@ -70,6 +74,7 @@ class Tracker:
         dist: Distributed | None,
         debug: bool,
         keep_in_memory: bool,
+        diagnoses: DiagnosisRunner | None = None,
     ):
         self.params = params
         self.param_names = param_names
@@ -79,6 +84,8 @@ class Tracker:
         self.dist = dist
         self.debug = debug
         self.keep_in_memory = keep_in_memory
+        self.diagnoses = diagnoses
+        self.findings: list[Finding] = []
         self.cache = Cache()
         self.planner = Planner(quantities, router)
         self.policy = ErrorPolicy(on_error, self.emit, self.planner, self.cache)
@@ -233,6 +240,15 @@ class Tracker:
                 )
         if record.get("kind") == "values" and isinstance(record.get("values"), dict):
             self.policy.check_serializable(record["step"], record["values"])
+        if self.diagnoses is not None and record.get("kind") in ("header", "values", "skipped"):
+            for finding in self.diagnoses.observe(record):  # each finding id once
+                self.findings.append(finding)
+                self.emit(finding.to_record())
+                warnings.warn(
+                    f"cockpit: {finding.line()}. {finding.suggestion}",
+                    CockpitWarning,
+                    stacklevel=3,
+                )
 
     def close(self) -> None:
         """Disarm the providers; flush and close every sink that has ``close()``."""

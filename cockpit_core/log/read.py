@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import cockpit_core.log.format as log_format
+from cockpit_core.diagnosis import SEVERITIES as FINDING_SEVERITIES
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.decode import LogFormatError, _Budget, _decode
 from cockpit_core.log.format import _RECORD_START
@@ -47,6 +48,8 @@ class LogData:
         added: ``{"step": s, "quantity": {"name", "key", options...}}`` for each quantity
             added with ``cp.add`` during a run (every run, in file order); ``step`` is the
             first step it applies to.
+        findings: The ``finding`` records (without ``kind``) that diagnoses reported while
+            training (every run, in file order; see ``docs/diagnoses.md``).
 
     """
 
@@ -56,6 +59,7 @@ class LogData:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, Any]] = field(default_factory=list)
     added: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def metrics(self) -> dict[int, dict[str, Any]]:
@@ -128,7 +132,24 @@ def _iter_records(
                 f"{path}, line {number}: 'quantity' must be a JSON object with string "
                 "'name' and 'key'."
             )
+        if kind == "finding" and not _is_finding(record):
+            raise LogFormatError(
+                f"{path}, line {number}: a 'finding' record needs string 'id', 'diagnosis' "
+                "and 'message', integer 'first_step' and 'last_step', a 'severity' of "
+                f"{', '.join(FINDING_SEVERITIES)} and an object 'evidence'."
+            )
         yield record
+
+
+def _is_finding(record: Any) -> bool:
+    """A ``finding``: string id/diagnosis/message, integer steps, a known severity."""
+    return (
+        isinstance(record, dict)
+        and all(isinstance(record.get(k), str) for k in ("id", "diagnosis", "message"))
+        and all(type(record.get(k)) is int for k in ("first_step", "last_step"))
+        and record.get("severity") in FINDING_SEVERITIES
+        and isinstance(record.get("evidence", {}), dict)
+    )
 
 
 def read_records(
@@ -175,6 +196,7 @@ def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
         "events": [],
         "metrics": {},
         "added": [],
+        "findings": [],
     }
 
 
@@ -201,6 +223,8 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
             run["metrics"].setdefault(record["step"], {}).update(record["metrics"])
         elif kind == "quantity_added":
             run["added"].append({"step": record["step"], "quantity": dict(record["quantity"])})
+        elif kind == "finding":
+            run["findings"].append({k: v for k, v in record.items() if k != "kind"})
     data = LogData()
     claimed: set[int] = set()
     kept: list[list[dict[str, Any]]] = []
@@ -221,6 +245,7 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
         logged |= set(run["metrics"])
     for run in runs:
         data.added.extend(run["added"])
+        data.findings.extend(run["findings"])
         if run["added"]:
             header = dict(run["header"] or {})
             quantities = header.get("quantities")
@@ -270,6 +295,11 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
         for q in (listed if isinstance(listed, list) else [])
         if isinstance(q, dict) and type(q.get("added_at")) is int
     ]
+    findings = data.get("findings") or []
+    if not (isinstance(findings, list) and all(_is_finding(f) for f in findings)):
+        raise LogFormatError(
+            f"{path}: 'findings' must be a list of finding objects (see docs/log_format.md)."
+        )
     return LogData(
         header=dict(header),
         output=dict(sorted(steps.items())),
@@ -277,6 +307,7 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
         skipped=list(lists["skipped"]),
         headers=[dict(header)] if header else [],
         added=added,
+        findings=[dict(f) for f in findings],
     )
 
 

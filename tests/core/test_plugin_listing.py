@@ -110,6 +110,6 @@ def test_verbose_lists_statistic_kinds_and_skipped_panels(fake_distribution, lis
         "fakeplug_typo  (fakeplug-typo 1.0)  SKIPPED: invalid hook implementation: unknown hook "
         "'register_statistic_kind' (did you mean 'register_statistic_kinds'?); cockpit's hooks "
         "are register_quantities, register_presets, register_instruments, register_sinks, "
-        "register_statistic_providers, register_statistic_kinds\n"
+        "register_statistic_providers, register_statistic_kinds, register_diagnoses\n"
         "    hooks: register_instruments\n"  # its known hooks; it registered nothing
     ) in out

@@ -250,7 +250,7 @@ def test_preset_and_quantity_collisions_name_both_distributions(fake_distributio
 
 VALID_HOOKS = (
     "register_quantities, register_presets, register_instruments, register_sinks, "
-    "register_statistic_providers, register_statistic_kinds"
+    "register_statistic_providers, register_statistic_kinds, register_diagnoses"
 )
 
 

@@ -1,0 +1,307 @@
+"""The diagnosis protocol: rules that read logged values and say what is wrong, with evidence.
+
+A :class:`Diagnosis` declares the quantities it ``reads`` and its thresholds as a pydantic
+:class:`DiagnosisConfig`; :meth:`Diagnosis.check` looks at a :class:`Window` of logged
+values (the whole log offline, the latest steps while training) and returns
+:class:`Finding` objects: what was found, over which steps, the evidence (values and
+thresholds), a suggestion and the paper or rule it comes from. Plugins register diagnosis
+classes with the ``register_diagnoses`` hook; :func:`cockpit_core.diagnose.diagnose` runs
+them on a log, ``Cockpit(..., diagnoses=[...])`` while training. See ``docs/diagnoses.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from cockpit_core.errors import UnknownNameError
+
+SEVERITIES: tuple[str, ...] = ("info", "warning", "error")
+"""Severities of findings, least severe first."""
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def severity_rank(severity: str) -> int:
+    """Position of ``severity`` in :data:`SEVERITIES` (``info`` 0, ``warning`` 1, ``error`` 2)."""
+    return SEVERITIES.index(severity)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a diagnosis found, over a range of steps.
+
+    Attributes:
+        id: Stable identity of the finding, e.g. ``"stability@340"``: the same finding
+            found again (a longer window) has the same id, so it is reported once.
+        diagnosis: Name of the diagnosis that found it.
+        severity: ``"info"``, ``"warning"`` or ``"error"``.
+        first_step: First step of the evidence.
+        last_step: Last step of the evidence.
+        message: One line that says what is wrong.
+        evidence: The values and thresholds that show it (JSON-compatible).
+        suggestion: What to try.
+        source: The paper or rule the diagnosis follows.
+
+    """
+
+    id: str
+    diagnosis: str
+    severity: str
+    first_step: int
+    last_step: int
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    suggestion: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(
+                f"finding {self.id!r}: severity {self.severity!r} is not one of {SEVERITIES}."
+            )
+
+    def to_record(self) -> dict[str, Any]:
+        """The ``finding`` log record (``{"kind": "finding", ...}``, see docs/log_format.md)."""
+        return {"kind": "finding", **asdict(self)}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Finding:
+        """The finding of a ``finding`` record (the inverse of :meth:`to_record`)."""
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in record.items() if k in names})
+
+    def line(self) -> str:
+        """``severity [first-last] message`` for a terminal report."""
+        steps = (
+            f"step {self.first_step}"
+            if self.first_step == self.last_step
+            else f"steps {self.first_step}-{self.last_step}"
+        )
+        return f"{self.severity.upper():7} {self.diagnosis}: {self.message} ({steps})"
+
+
+class DiagnosisConfig(BaseModel):
+    """Base of a diagnosis's thresholds: unknown options are errors, each field described."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Window:
+    """The logged values a diagnosis looks at: ``{step: {quantity_key: value}}`` and events.
+
+    Args:
+        output: Values by step (``read_log``'s structure).
+        skipped: ``skipped`` records (steps whose values were not computed).
+        header: The run's header (``params`` names the parameters of per-parameter values).
+
+    """
+
+    def __init__(
+        self,
+        output: Mapping[int, Mapping[str, Any]],
+        skipped: Sequence[Mapping[str, Any]] = (),
+        header: Mapping[str, Any] | None = None,
+    ):
+        self.output = {int(s): v for s, v in sorted(output.items())}
+        self.skipped = list(skipped)
+        self.header = dict(header or {})
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps with values, increasing."""
+        return list(self.output)
+
+    @property
+    def param_names(self) -> list[str]:
+        """Names of the tracked parameters (from the header; empty if it has none)."""
+        params = self.header.get("params")
+        if not isinstance(params, list):
+            return []
+        return [
+            str(p.get("name", i)) if isinstance(p, dict) else str(p) for i, p in enumerate(params)
+        ]
+
+    def has(self, key: str) -> bool:
+        """Whether any step holds a value of ``key``."""
+        return any(key in values for values in self.output.values())
+
+    def values(self, key: str) -> list[tuple[int, Any]]:
+        """``(step, value)`` of every step that holds ``key``."""
+        return [(s, v[key]) for s, v in self.output.items() if key in v]
+
+    def series(self, key: str, *path: str) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and float64 values of ``key`` (``path`` picks a field, e.g. ``"total"``).
+
+        A value that is missing at the path or not a number reads as NaN.
+        """
+        steps, out = [], []
+        for step, value in self.values(key):
+            for part in path:
+                value = value.get(part) if isinstance(value, Mapping) else None
+            steps.append(step)
+            out.append(_as_float(value))
+        return np.asarray(steps, dtype=np.int64), np.asarray(out, dtype=np.float64)
+
+    def per_param(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """Steps and ``[steps, params]`` float64 values of ``key``'s ``per_param`` entry.
+
+        Steps whose array has another length than the first one are left out.
+        """
+        steps: list[int] = []
+        rows: list[np.ndarray] = []
+        for step, value in self.values(key):
+            arr = value.get("per_param") if isinstance(value, Mapping) else None
+            try:
+                row = np.asarray(arr, dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError):
+                continue
+            if arr is None or (rows and len(row) != len(rows[0])):
+                continue
+            steps.append(step)
+            rows.append(row)
+        if not rows:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
+        return np.asarray(steps, dtype=np.int64), np.stack(rows)
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool) or value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class Diagnosis:
+    """Base class of a diagnosis: a rule over logged values that emits :class:`Finding` s.
+
+    Subclasses set ``name`` (snake_case), ``reads`` (the quantity names it needs; it runs
+    when the log has at least one of them), ``source`` (paper or rule), optionally
+    ``Config`` (a :class:`DiagnosisConfig` subclass with the thresholds), and write
+    :meth:`check`. Options are validated on construction: ``StepSize(overshoot=2.0)``.
+
+    Attributes:
+        config: The validated options.
+
+    """
+
+    name: ClassVar[str] = ""
+    reads: ClassVar[tuple[str, ...]] = ()
+    source: ClassVar[str] = ""
+    Config: ClassVar[type[DiagnosisConfig]] = DiagnosisConfig
+
+    def __init__(self, **options: Any):
+        self.config = self.Config(**options)
+
+    def applies(self, window: Window) -> bool:
+        """Whether the window holds anything this diagnosis reads."""
+        return any(window.has(key) for key in self.reads)
+
+    def check(self, window: Window) -> list[Finding]:
+        """Return what this diagnosis finds in ``window`` (empty if all is well)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement check(window)")
+
+    def finding(
+        self,
+        what: str,
+        severity: str,
+        first_step: int,
+        last_step: int,
+        message: str,
+        evidence: Mapping[str, Any],
+        suggestion: str = "",
+    ) -> Finding:
+        """A :class:`Finding` of this diagnosis, with id ``"<name>/<what>@<first_step>"``."""
+        suffix = f"/{what}" if what else ""
+        return Finding(
+            id=f"{self.name}{suffix}@{int(first_step)}",
+            diagnosis=self.name,
+            severity=severity,
+            first_step=int(first_step),
+            last_step=int(last_step),
+            message=message,
+            evidence={k: _plain(v) for k, v in evidence.items()},
+            suggestion=suggestion,
+            source=self.source,
+        )
+
+
+def _plain(value: Any) -> Any:
+    """Evidence as JSON-compatible data: numpy scalars and arrays as numbers and lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def check_diagnosis_class(cls: Any) -> None:
+    """Raise ``TypeError`` with a fix if ``cls`` does not follow the diagnosis protocol."""
+    if not (isinstance(cls, type) and issubclass(cls, Diagnosis)):
+        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.diagnosis.Diagnosis.")
+    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
+        raise TypeError(
+            f"{cls.__name__}.name = {cls.name!r} is not a valid diagnosis name: use "
+            "snake_case, e.g. 'step_size'."
+        )
+    reads = cls.reads
+    if isinstance(reads, str) or not all(isinstance(r, str) for r in reads):
+        raise TypeError(
+            f"{cls.__name__}.reads = {reads!r}: give a tuple of quantity names, e.g. ('alpha',)."
+        )
+    if not (isinstance(cls.Config, type) and issubclass(cls.Config, DiagnosisConfig)):
+        raise TypeError(
+            f"{cls.__name__}.Config must subclass cockpit_core.diagnosis.DiagnosisConfig."
+        )
+    if cls.check is Diagnosis.check:
+        raise TypeError(f"{cls.__name__} must implement check(window).")
+
+
+def persistent_spans(
+    steps: Sequence[int] | np.ndarray,
+    flags: Sequence[bool] | np.ndarray,
+    window: int,
+    fraction: float = 1.0,
+) -> list[tuple[int, int, int]]:
+    """Stretches where at least ``fraction`` of ``window`` consecutive entries are flagged.
+
+    Every run of ``window`` consecutive entries (tracked steps) with at least
+    ``ceil(fraction * window)`` flags marks its flagged entries; overlapping or adjacent
+    marked runs merge. Returns ``(first step, last step, flagged entries)`` of each stretch,
+    from its first to its last flagged entry. Fewer than ``window`` entries give none.
+    """
+    flags = np.asarray(flags, dtype=bool)
+    if window < 1 or len(flags) < window:
+        return []
+    need = max(1, math.ceil(fraction * window - 1e-9))
+    counts = np.convolve(flags.astype(np.int64), np.ones(window, dtype=np.int64), "valid")
+    groups: list[list[int]] = []  # qualifying windows, merged where they overlap or touch
+    for start in np.nonzero(counts >= need)[0].tolist():
+        if groups and start <= groups[-1][1] + 1:
+            groups[-1][1] = start + window - 1
+        else:
+            groups.append([start, start + window - 1])
+    spans = []
+    for lo, hi in groups:  # every flagged entry of a merged range lies in a qualifying window
+        idx = np.nonzero(flags[lo : hi + 1])[0] + lo
+        spans.append((int(steps[int(idx[0])]), int(steps[int(idx[-1])]), len(idx)))
+    return spans
+
+
+class UnknownDiagnosisError(UnknownNameError):
+    """A diagnosis name that no installed plugin registers."""
+
+    kind = "diagnosis"
+    listing_hint = "Install cockpit-diagnoses, or see docs/diagnoses.md for the rules."

@@ -1,0 +1,34 @@
+"""cockpit-diagnoses: rules that read logged quantities and say what is wrong, with evidence."""
+
+from cockpit_diagnoses.batch_size import BatchSize
+from cockpit_diagnoses.dead_layers import DeadLayers
+from cockpit_diagnoses.early_stopping import EarlyStopping
+from cockpit_diagnoses.exploding_gradients import ExplodingGradients
+from cockpit_diagnoses.loss_plateau import LossPlateau
+from cockpit_diagnoses.nonfinite import NonFinite
+from cockpit_diagnoses.stability import Stability
+from cockpit_diagnoses.step_size import StepSize
+
+DIAGNOSES = (
+    StepSize,
+    Stability,
+    BatchSize,
+    EarlyStopping,
+    DeadLayers,
+    ExplodingGradients,
+    NonFinite,
+    LossPlateau,
+)
+"""Every diagnosis of this plugin, in documentation order."""
+
+__all__ = [
+    "DIAGNOSES",
+    "BatchSize",
+    "DeadLayers",
+    "EarlyStopping",
+    "ExplodingGradients",
+    "LossPlateau",
+    "NonFinite",
+    "Stability",
+    "StepSize",
+]
