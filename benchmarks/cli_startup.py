@@ -224,26 +224,25 @@ def findings(medians, profiles) -> list[str]:
     plugins_via = profiles[("cockpit plugins", "lazy __init__")]["via"] or "-"
     out = ["## What it shows", ""]
     for label in ("cockpit --help", "cockpit --version"):
-        out.append(
-            f"- `{label}`: {cpu(label, 'installed'):.2f} s CPU as installed, "
-            f"{cpu(label, 'lazy __init__'):.2f} s with a lazy package `__init__`. "
+        torch_loaded = profiles[(label, "installed")]["torch"]
+        why = (
+            f"the package `__init__` imports torch (`import torch` alone: {torch_cpu:.2f} s) "
+            f"through `{via}`; a lazy `__init__` (PEP 562) avoids it"
+            if torch_loaded
+            else "no torch: the package `__init__` exports its names lazily (PEP 562), and "
             "`cockpit_core/cli.py` imports only the standard library and "
-            "`cockpit_core.errors` and each command imports what it needs when it runs, so "
-            "the difference is `import cockpit_core` itself: its `__init__` imports torch "
-            f"(`import torch` alone: {torch_cpu:.2f} s) through `{via}`."
+            "`cockpit_core.errors`; each command imports what it needs when it runs"
+        )
+        out.append(
+            f"- `{label}`: {cpu(label, 'installed'):.2f} s CPU as installed "
+            f"({cpu(label, 'lazy __init__'):.2f} s with the script's lazy stand-in): {why}."
         )
     out += [
-        f"- `cockpit plugins`: {cpu('cockpit plugins', 'installed'):.2f} s as installed, "
-        f"{cpu('cockpit plugins', 'lazy __init__'):.2f} s with a lazy `__init__`: torch either "
-        f"way (through `{plugins_via}`). The registry imports the quantity, provider and "
-        "panel base classes, and every plugin module defines its quantities as subclasses of "
-        "`Quantity`, so listing plugins without torch would need plugins that register "
-        "names without importing their classes.",
-        "- The change that takes `--help` and `--version` below 0.2 s: make "
-        "`cockpit_core/__init__.py` lazy (PEP 562): replace its `from cockpit_core.X import "
-        "name` lines by a table `name -> submodule` and a module-level `__getattr__` that "
-        "imports the submodule on first use (the `LAUNCHER` prototype in this script; its "
-        "output above is the installed package's).",
+        f"- `cockpit plugins`: {cpu('cockpit plugins', 'installed'):.2f} s as installed: "
+        f"torch is imported (through `{plugins_via}`). The registry imports the quantity, "
+        "provider and panel base classes, and every plugin module defines its quantities "
+        "as subclasses of `Quantity`, so listing plugins without torch would need plugins "
+        "that register names without importing their classes (not done).",
         "",
     ]
     return out

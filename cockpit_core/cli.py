@@ -8,7 +8,10 @@ Sub-commands::
     cockpit validate CONFIG         check a config file (exit code 0 valid, 1 invalid)
     cockpit check MODULE:FUNCTION   which quantities can be computed for a model, and how
     cockpit demo [...]              train a small model with cockpit on (the main demo)
-    cockpit plot LOG [-o OUT]       render the dashboard of a log (.png, .svg or .pdf)
+    cockpit plot LOG... [-o OUT]    render the dashboard of a log (.png, .svg, .pdf or .html),
+                                    or of several logs compared, a colour per run
+    cockpit serve RUN... [--port P]  web view of runs in a browser, updated while they train
+    cockpit diagnose LOG... [--json]  findings of the installed diagnoses (exit 1 if any warns)
     cockpit new-plugin NAME [...]   generate a plugin distribution (cockpit_core.scaffold)
     cockpit --version               the installed cockpit-core version
 
@@ -183,28 +186,100 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset", default="economy", help="preset or comma-separated quantities (default economy)"
     )
-    p.add_argument("--steps", type=_positive_int, default=300, help="training steps (default 300)")
+    p.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=None,
+        help="training steps (default 300; with --scenario, the scenario's)",
+    )
     p.add_argument("--out", default=None, help="run folder (default runs/demo-<time>)")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument(
+        "--compare-lr",
+        default=None,
+        metavar="LR,LR,...",
+        help="train once per learning rate (e.g. 0.01,0.1,1) from the same start and write "
+        "the logs and one comparison picture, compare_lr.png, into --out (default "
+        "runs/compare-lr-<time>)",
+    )
+    p.add_argument(
+        "--scenario",
+        default=None,
+        metavar="NAME",
+        help="train in a deliberately bad way (lr_too_high, lr_too_low, batch_too_small, "
+        "dead_layer; healthy is the control) and print what the diagnoses find; exit code "
+        "as cockpit diagnose. 'list' lists them",
+    )
     p.set_defaults(func=commands.cmd_demo)
 
     p = sub.add_parser(
         "plot",
         help="render the dashboard of a log (.jsonl or .json)",
         description="Render the dashboard of a log written by a Cockpit (log=... writes "
-        ".jsonl, cp.write(...) .json) into a .png, .svg or .pdf picture.",
+        ".jsonl, cp.write(...) .json) into a .png, .svg or .pdf picture. Given several "
+        "logs, one dashboard compares the runs: a colour per run, legends naming them.",
     )
-    p.add_argument("log", help="a log written with log=... (.jsonl) or cp.write(...) (.json)")
+    p.add_argument(
+        "logs",
+        nargs="+",
+        metavar="LOG",
+        help="a log written with log=... (.jsonl) or cp.write(...) (.json); several to compare",
+    )
     p.add_argument(
         "-o",
         "--output",
         default=None,
-        help="picture to write: .png, .svg or .pdf (default: dashboard.png next to the log)",
+        help="picture to write: .png, .svg or .pdf, or .html for the web view as one "
+        "self-contained file (default: dashboard.png next to the log)",
     )
     p.add_argument("--title", default=None, help="figure title (default: a run summary)")
     p.add_argument("--rows", type=_positive_int, default=4, help="panels per column (default 4)")
     p.add_argument("--dpi", type=_positive_int, default=100, help="resolution of .png output")
+    p.add_argument(
+        "--labels",
+        default=None,
+        metavar="A,B,...",
+        help="legend labels of compared runs, one per log (default: each run's learning "
+        "rate, else its path)",
+    )
     p.set_defaults(func=commands.cmd_plot)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a web view of runs that updates while they train",
+        description="Serve a page that shows the instruments of one or more runs as plotly "
+        "charts (runs overlaid) and updates them while the logs grow. It only reads the logs, "
+        "so training is not slowed down. RUN is a log (.jsonl, which may not exist yet, or "
+        ".json) or a run folder holding one. Stop with Ctrl-C. See docs/dashboard.md.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN", help="logs or run folders")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface: the "
+        "view has no login, prefer an SSH tunnel)",
+    )
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks one)")
+    p.add_argument(
+        "--poll", type=float, default=2.0, help="seconds between the page's updates (default 2)"
+    )
+    p.add_argument("--title", default=None, help="page title (default: the runs' names)")
+    p.set_defaults(func=commands.cmd_serve)
+
+    p = sub.add_parser(
+        "diagnose",
+        help="report what the diagnoses find in logs (exit 1 on a warning or error)",
+        description="Run the installed diagnoses (e.g. of cockpit-diagnoses) over each log "
+        "and print their findings with evidence, suggestion and source; findings recorded "
+        "while training are included. Exit code 0 if no finding is of severity warning or "
+        "above, 1 if one is, 2 if a log cannot be read or a name is unknown.",
+    )
+    p.add_argument("logs", nargs="+", metavar="LOG", help="logs (.jsonl or .json)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--only", default=None, metavar="NAME,...", help="comma-separated diagnoses to run"
+    )
+    p.set_defaults(func=commands.cmd_diagnose)
 
     p = sub.add_parser(
         "new-plugin",

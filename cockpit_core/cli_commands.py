@@ -27,6 +27,7 @@ _PLUGIN_LISTING: tuple[tuple[str, str], ...] = (
     ("sinks", "sinks"),
     ("providers", "providers"),
     ("kinds", "statistic kinds"),
+    ("diagnoses", "diagnoses"),
 )
 """JSON key and label of what ``cockpit plugins -v`` lists per plugin, in order."""
 
@@ -34,7 +35,8 @@ _PLUGIN_LISTING: tuple[tuple[str, str], ...] = (
 def cmd_plugins(args: argparse.Namespace) -> int:
     """List plugins with their state and name conflicts between them.
 
-    Without ``-v`` each plugin shows its quantities, presets, providers and sinks; with
+    Without ``-v`` each plugin shows its quantities, presets, providers, sinks and
+    diagnoses; with
     ``-v`` also the hooks it implements, its instruments, statistic kinds and the reason its
     panels and sinks were skipped, if they were. ``--json`` always has everything.
     """
@@ -58,6 +60,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             "sinks": p.sinks,
             "providers": p.providers,
             "kinds": p.kinds,
+            "diagnoses": p.diagnoses,
             "extension_error": extension_errors.get(p.name),
             "conflicts": [c for c in conflicts if f"'{p.distribution}'" in c],
         }
@@ -70,7 +73,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     listed = (
         _PLUGIN_LISTING
         if verbose
-        else tuple((key, key) for key in ("quantities", "presets", "providers", "sinks"))
+        else tuple(
+            (key, key) for key in ("quantities", "presets", "providers", "sinks", "diagnoses")
+        )
     )
     if not rows:
         print("No cockpit plugins installed. Install one, e.g. `pip install cockpit-basic`.")
@@ -284,32 +289,108 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """Render the dashboard of a log file."""
+    """Render the dashboard of a log file; of several, one dashboard comparing the runs."""
     from pathlib import Path
 
     from cockpit_core.dashboard import plot
 
-    out = Path(args.output) if args.output else Path(args.log).with_name("dashboard.png")
+    logs = args.logs
+    default = "dashboard.png" if len(logs) == 1 else "compare.png"
+    out = Path(args.output) if args.output else Path(logs[0]).with_name(default)
+    labels = _names(args.labels) if args.labels is not None else None
+    if labels is not None and len(labels) != len(logs):
+        args.usage_error(f"argument --labels: got {len(labels)} labels for {len(logs)} logs")
+    if out.suffix == ".html":
+        return _plot_html(logs, out, args.title, labels)
     try:
-        path = plot(args.log, out, title=args.title, rows=args.rows, dpi=args.dpi)
+        path = plot(
+            logs[0] if len(logs) == 1 else logs,
+            out,
+            title=args.title,
+            rows=args.rows,
+            dpi=args.dpi,
+            labels=labels,
+        )
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"Dashboard written to {path}")
+    print(f"{'Dashboard' if len(logs) == 1 else 'Comparison'} written to {path}")
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """Run the diagnoses over each log; exit 0 (nothing >= warning), 1, or 2 (unreadable)."""
+    from cockpit_core.diagnose import run_cli
+
+    return run_cli(args.logs, as_json=args.json, only=args.only)
+
+
+def _plot_html(logs: list[str], out: Any, title: str | None, labels: list[str] | None) -> int:
+    """``cockpit plot ... -o dash.html``: the web view as one self-contained file."""
+    from cockpit_core.web import write_page
+
+    path = write_page(logs, out, title=title, labels=labels)
+    print(f"Web view written to {path}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the web view of runs until interrupted (:func:`cockpit_core.web.serve`)."""
+    from cockpit_core.web import serve
+
+    if not args.poll > 0:
+        args.usage_error(f"argument --poll: must be above 0, got {args.poll}")
+    serve(args.runs, host=args.host, port=args.port, poll_seconds=args.poll, title=args.title)
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo training; an unknown preset or quantity is a usage error (exit 2)."""
-    from cockpit_core.demo import demo_quantities, run_demo
+    """Run the demo training (once per learning rate with ``--compare-lr``).
 
+    An unknown preset or quantity, or a learning rate that is not a positive number, is a
+    usage error (exit 2).
+    """
+    from cockpit_core.demo import demo_quantities, run_compare_lr, run_demo
+
+    if args.scenario is not None:
+        return _demo_scenario(args)
+    steps = 300 if args.steps is None else args.steps
     try:
         demo_quantities(args.preset)
     except ValueError as err:  # ConfigError: the message names the installed ones
         messages = [message for _, message in getattr(err, "errors", ())] or [str(err)]
         args.usage_error(f"argument --preset: {' '.join(messages)}")
-    run_demo(preset=args.preset, steps=args.steps, out=args.out, seed=args.seed)
+    if args.compare_lr is None:
+        run_demo(preset=args.preset, steps=steps, out=args.out, seed=args.seed)
+        return 0
+    try:
+        lrs = [float(lr) for lr in _names(args.compare_lr)]
+    except ValueError:
+        lrs = []
+    if not lrs or not all(0 < lr < float("inf") for lr in lrs):
+        args.usage_error(
+            f"argument --compare-lr: expected positive learning rates such as 0.01,0.1,1, "
+            f"got {args.compare_lr!r}"
+        )
+    run_compare_lr(lrs, preset=args.preset, steps=steps, out=args.out, seed=args.seed)
     return 0
+
+
+def _demo_scenario(args: argparse.Namespace) -> int:
+    """``cockpit demo --scenario NAME``: 0/1 as ``cockpit diagnose``; a list for ``list``.
+
+    ``list`` prints the scenarios (exit 0); an unknown name prints them on standard error
+    (exit 2).
+    """
+    from cockpit_core.demo_scenarios import SCENARIOS, run_scenario, scenario_list
+
+    if args.scenario == "list":
+        print(scenario_list())
+        return 0
+    if args.scenario not in SCENARIOS:
+        print(f"error: unknown scenario {args.scenario!r}.\n{scenario_list()}", file=sys.stderr)
+        return 2
+    return run_scenario(args.scenario, steps=args.steps, out=args.out, seed=args.seed)[1]
 
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:

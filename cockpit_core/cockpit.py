@@ -24,6 +24,8 @@ from cockpit_core.coverage import (
     refuse_batch_norm,
     warn_unprovided_kinds,
 )
+from cockpit_core.diagnose import DiagnosisRunner, build_diagnoses
+from cockpit_core.diagnosis import Finding
 from cockpit_core.distributed import Distributed, active_group, writes_here
 from cockpit_core.errors import ConfigError, MisuseError
 from cockpit_core.log import LogWriter
@@ -80,6 +82,11 @@ class Cockpit:
             each process reports its own mini-batch.
         write_on: ``"rank0"``: only process 0 writes the log, sinks and live plot;
             ``"all"``: every process does (give each its own ``log`` path).
+        diagnoses: Diagnoses to run while training (``None``: none): names registered by
+            plugins (``"stability"``) or dicts with options (``{"name": "step_size",
+            "window": 20}``). Each finding becomes a ``finding`` record (the log, every
+            sink) and a :class:`~cockpit_core.errors.CockpitWarning`, once per finding id
+            (see ``docs/diagnoses.md``).
         registry: Plugins to resolve names with (default: every installed plugin).
 
     Example::
@@ -118,6 +125,7 @@ class Cockpit:
         provider_options: Mapping[str, Mapping[str, Any]] | None = None,
         distributed: str = "auto",
         write_on: str = "rank0",
+        diagnoses: Iterable[str | Mapping[str, Any]] | None = None,
         _source: str | None = None,
     ):
         options = locals()  # the settings, declared once: CockpitSettings (config_settings.py)
@@ -139,13 +147,17 @@ class Cockpit:
         sink_list: list[Sink] = []
         group = active_group(distributed)
         dist = Distributed(group) if group is not None else None
-        if not writes_here(write_on):  # another process writes
-            log, sinks, live_plot = None, (), None
+        if not writes_here(write_on):  # another process writes (and diagnoses)
+            log, sinks, live_plot, diagnoses = None, (), None, None
         extra_sinks = [self.registry.make_sink(spec) for spec in sinks]  # fail before any I/O
+        wanted = list(diagnoses or ())
+        runner = DiagnosisRunner(build_diagnoses(wanted, self.registry)) if wanted else None
         if live_plot is not None:
             from cockpit_core.dashboard import LivePlot
 
-            extra_sinks.append(LivePlot(live_plot, every=live_every, registry=self.registry))
+            extra_sinks.append(
+                LivePlot(live_plot, every=live_every, registry=self.registry, background=True)
+            )
         try:
             self._log = LogWriter(log, fsync_every=log_fsync_every) if log is not None else None
         except (OSError, ValueError) as err:
@@ -182,6 +194,7 @@ class Cockpit:
             dist=dist,
             debug=debug,
             keep_in_memory=keep_in_memory,
+            diagnoses=runner,
         )
         self._tracker.emit({"kind": "header", **self.header()})
 
@@ -494,6 +507,11 @@ class Cockpit:
             "errors": self.errors,
             "skipped": self.skipped,
         }
+        if self._tracker.findings:  # from diagnoses=[...]; the key only when there are some
+            payload["findings"] = [
+                {k: v for k, v in f.to_record().items() if k != "kind"}
+                for f in self._tracker.findings
+            ]
         return write_json_atomic(path, payload)
 
     def close(self) -> None:
@@ -513,6 +531,11 @@ class Cockpit:
     def sinks(self) -> list[Sink]:
         """Where every record goes: the log (if any), then the other sinks, in order."""
         return self._tracker.sinks
+
+    @property
+    def findings(self) -> list[Finding]:
+        """What the ``diagnoses`` found while training so far, each finding once."""
+        return list(self._tracker.findings)
 
     def plot(self, path: str | Path | None = None, **options: Any) -> Any:
         """Render the dashboard of what was tracked so far (``.png``, ``.svg`` or ``.pdf``).
