@@ -27,6 +27,7 @@ ENGINE = (
     "hvp",
     "cache",
     "registry",
+    "registry_entries",
     "name_table",
 )
 

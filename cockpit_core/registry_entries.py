@@ -1,0 +1,139 @@
+"""The entries of the registry's tables, each with the distribution that registered it.
+
+:class:`QuantityEntry`, :class:`Preset`, :class:`ProviderEntry`, :class:`DiagnosisEntry`
+and :class:`SinkEntry` (which validates a sink's options before building it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from cockpit_core.diagnosis import Diagnosis
+from cockpit_core.errors import ConfigError
+from cockpit_core.quantity import NAME_PATTERN, Quantity, loose_scalar_message, validate_config
+from cockpit_core.statistics.provider import StatisticProvider
+
+
+@dataclass(frozen=True)
+class QuantityEntry:
+    """A registered quantity class and where it comes from."""
+
+    cls: type[Quantity]
+    plugin: str
+    distribution: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        """The quantity name."""
+        return self.cls.name
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named list of quantity specs (names or config dicts)."""
+
+    name: str
+    quantities: tuple[Any, ...]
+    description: str
+    distribution: str
+
+
+@dataclass(frozen=True)
+class ProviderEntry:
+    """A registered statistics provider class and where it comes from."""
+
+    cls: type[StatisticProvider]
+    distribution: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        """The provider name (``backend=...``)."""
+        return self.cls.name
+
+
+def check_provider_class(cls: Any) -> None:
+    """Raise ``TypeError`` with a fix if ``cls`` does not follow the provider protocol."""
+    if not (isinstance(cls, type) and issubclass(cls, StatisticProvider)):
+        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.StatisticProvider.")
+    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
+        raise TypeError(
+            f"{cls.__name__}.name = {cls.name!r} is not a valid provider name: use snake_case, "
+            "e.g. 'module_hooks'."
+        )
+
+
+@dataclass(frozen=True)
+class DiagnosisEntry:
+    """A registered diagnosis class and where it comes from."""
+
+    cls: type[Diagnosis]
+    distribution: str
+    version: str
+
+    @property
+    def name(self) -> str:
+        """The diagnosis name (``cockpit diagnose --only``, ``Cockpit(diagnoses=...)``)."""
+        return self.cls.name
+
+
+@dataclass(frozen=True)
+class SinkEntry:
+    """A registered sink factory (``register_sinks`` hook) and where it comes from."""
+
+    name: str
+    factory: Any
+    config: Any
+    description: str
+    distribution: str
+
+    def validate(self, options: dict[str, Any], prefix: str | None = None) -> dict[str, Any]:
+        """Check ``options`` without building the sink; return them with defaults filled in.
+
+        With a ``config`` model the options are validated against it (numbers and booleans
+        strictly); without one they must fit the factory's signature.
+
+        Raises:
+            ConfigError: Every bad option, with its path (``<prefix>.<option>``).
+
+        """
+        prefix = prefix or f"sinks.{self.name}"
+        options = dict(options)
+        if self.config is None:
+            try:
+                inspect.signature(self.factory).bind(**options)
+            except TypeError as err:
+                raise ConfigError(
+                    [(prefix, f"invalid options for sink '{self.name}': {err}")]
+                ) from None
+            except ValueError:  # no introspectable signature: the factory decides
+                pass
+            return options
+        fields = getattr(self.config, "model_fields", {})
+        errors = []
+        for key, value in options.items():
+            message = loose_scalar_message(fields[key].annotation, value) if key in fields else None
+            if message is not None:
+                errors.append((f"{prefix}.{key}", message))
+        try:
+            validated = validate_config(self.config, options, prefix=prefix)
+        except ConfigError as err:
+            flagged = {path for path, _ in errors}
+            valid = ", ".join(fields) or "none"
+            for path, msg in err.errors:
+                key = path[len(prefix) + 1 :].split(".")[0]
+                if path in flagged:
+                    continue
+                if key in options and key not in fields:
+                    msg = f"unknown option of sink '{self.name}' (check the spelling; its options: {valid})"
+                errors.append((path, msg))
+        if errors:
+            raise ConfigError(errors)
+        return validated.model_dump()
+
+    def make(self, options: dict[str, Any] | None = None, prefix: str | None = None) -> Any:
+        """Build the sink, validating ``options`` first (see :meth:`validate`)."""
+        return self.factory(**self.validate(dict(options or {}), prefix))
