@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cockpit_core import checks
+from cockpit_core import loop_checks
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
 from cockpit_core.statistics.kinds import StatisticKind
@@ -212,7 +212,7 @@ def refuse_batch_norm(
         for q in quantities
         if any(s.per_sample for r in q.all_requirements() for s in r.statistics)
     }
-    why = f"BatchNorm module(s) {checks.names_text(modules)}: {checks.BATCH_NORM_REASON}"
+    why = f"BatchNorm module(s) {loop_checks.names_text(modules)}: {loop_checks.BATCH_NORM_REASON}"
     hint = "Use GroupNorm/LayerNorm, or track these quantities with the model in eval mode."
     rows = tuple(
         dataclasses.replace(row, available=False, why=why, hint=hint)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from cockpit_core import checks
+from cockpit_core import loop_checks
 from cockpit_core.cache import Cache
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.planner import Planner, Task
@@ -104,7 +104,7 @@ class ErrorPolicy:
         With ``scaler_scale`` (a ``GradScaler`` scales the loss), non-finite gradients are
         reported as the scaler's overflow, which it handles by skipping the optimizer step.
         """
-        reason = checks.nonfinite_reason(info, params, names)
+        reason = loop_checks.nonfinite_reason(info, params, names)
         if reason is None:
             return False
         if scaler_scale is not None and not reason.startswith("the loss"):
@@ -123,7 +123,7 @@ class ErrorPolicy:
 
     def skip_scaler_overflow(self, step: int, tasks: Sequence[Task], scale: float) -> None:
         """Skip a step whose ``GradScaler`` found inf/NaN gradients."""
-        reason = checks.scaler_skipped(scale)
+        reason = loop_checks.scaler_skipped(scale)
         self.skip(
             step,
             tasks,

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from cockpit_core import checks, mixed_precision
+from cockpit_core import loop_checks, mixed_precision
 from cockpit_core.accumulation import merge_info, merge_stats, micro_batch_size
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.hvp import HessianVectorProducts
@@ -170,14 +170,14 @@ class StepRun:
             return
         model = tracker.router.model
         names = (
-            checks.batch_norm_in_training(model)
+            loop_checks.batch_norm_in_training(model)
             if model is not None
-            else checks.batch_norm_in_graph(
+            else loop_checks.batch_norm_in_graph(
                 self.info.get("loss"), tracker.params, tracker.param_names
             )
         )
         if names:
-            message = checks.batch_norm_message(names)
+            message = loop_checks.batch_norm_message(names)
             tracker.policy.warn_once(("", "batch_norm"), message, stacklevel=5)
 
     @contextlib.contextmanager
@@ -288,9 +288,9 @@ class StepRun:
             tracker.policy.skip(
                 step,
                 self.tasks,
-                f"no backward: {checks.no_backward_reason(step)}",
+                f"no backward: {loop_checks.no_backward_reason(step)}",
                 ("", "no backward"),
-                f"step {step} skipped: {checks.no_backward_reason(step)}. Call "
+                f"step {step} skipped: {loop_checks.no_backward_reason(step)}. Call "
                 "loss.backward() inside the block; quantities would see zero or stale "
                 "gradients. Skipped steps are in cp.skipped and the log.",
                 stacklevel=5,
@@ -375,7 +375,7 @@ class StepRun:
     def _check_loss_scale(self, seen: list[float | None]) -> None:
         """Warn (once) if the loss was backpropagated with a scale cockpit was not told."""
         for value in seen:
-            message = checks.scaled_loss(value, self.loss_scale, self.scaler is not None)
+            message = loop_checks.scaled_loss(value, self.loss_scale, self.scaler is not None)
             if message is not None:
                 self.tracker.policy.warn_once(("", "loss scale"), message, stacklevel=6)
                 return
@@ -389,12 +389,12 @@ class StepRun:
         index, ratio, residual = checked
         grad = tracker.params[index].grad
         assert grad is not None  # it was compared with the per-sample mean
-        message = checks.per_sample_mismatch(
+        message = loop_checks.per_sample_mismatch(
             tracker.param_names[index],
             ratio / factor,
             residual,
             self.batch_size,
-            checks.gradient_precision(grad),
+            loop_checks.gradient_precision(grad),
         )
         if message is not None:
             tracker.policy.warn_once(("", "per-sample mean"), message, stacklevel=6)

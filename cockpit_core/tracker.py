@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from cockpit_core import checks
+from cockpit_core import loop_checks
 from cockpit_core.cache import Cache
 from cockpit_core.context import StepContext
 from cockpit_core.diagnose import DiagnosisRunner
@@ -90,7 +90,7 @@ class Tracker:
         self.planner = Planner(quantities, router)
         self.policy = ErrorPolicy(on_error, self.emit, self.planner, self.cache)
         self.planner.report = self.policy.quantity_failed  # raising schedules, requirements
-        self.watch = checks.ParameterWatch(params, param_names)
+        self.watch = loop_checks.ParameterWatch(params, param_names)
         self.output: dict[int, dict[str, Any]] = {}
         self.added_at: dict[str, int] = {}
         self.last_step: int | None = None
@@ -166,8 +166,8 @@ class Tracker:
     def warn_misuse(self, info: Mapping[str, Any]) -> None:
         """Warn about an optimizer that misses the tracked parameters or a summed loss."""
         for message in (
-            checks.optimizer_mismatch(info.get("optimizer"), self.params),
-            checks.reduction_mismatch(info),
+            loop_checks.optimizer_mismatch(info.get("optimizer"), self.params),
+            loop_checks.reduction_mismatch(info),
         ):
             if message:
                 warnings.warn(f"cockpit: {message}", CockpitWarning, stacklevel=4)

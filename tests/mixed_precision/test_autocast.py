@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _train import QUANTITIES, STEPS, assert_same_statistics, flatten, train  # noqa: E402
 
-from cockpit_core import Cockpit, checks  # noqa: E402
+from cockpit_core import Cockpit, loop_checks  # noqa: E402
 
 CURVATURE = ["tic_diag", "hess_trace"]
 FIRST_ORDER = [q for q in QUANTITIES if q not in CURVATURE]
@@ -90,13 +90,13 @@ def test_curvature_diagonals_under_autocast_are_the_float32_ones(precision):
 
 def test_the_per_sample_mean_check_allows_for_the_precision_of_p_grad():
     grad = torch.randn(3, generator=torch.Generator().manual_seed(0))
-    assert checks.gradient_precision(grad) == torch.float32
-    assert checks.gradient_precision(grad.bfloat16().float()) == torch.bfloat16
-    assert checks.gradient_precision(grad.half().float()) == torch.float16
+    assert loop_checks.gradient_precision(grad) == torch.float32
+    assert loop_checks.gradient_precision(grad.bfloat16().float()) == torch.bfloat16
+    assert loop_checks.gradient_precision(grad.half().float()) == torch.float16
     # 0.5% off: bfloat16 rounding (tolerance 2**-6), but not float16's (2**-9) or float32's
-    assert checks.per_sample_mismatch("2.bias", 1.005, 1e-3, 16, torch.bfloat16) is None
+    assert loop_checks.per_sample_mismatch("2.bias", 1.005, 1e-3, 16, torch.bfloat16) is None
     for dtype in (torch.float16, torch.float32):
-        message = checks.per_sample_mismatch("2.bias", 1.005, 1e-3, 16, dtype)
+        message = loop_checks.per_sample_mismatch("2.bias", 1.005, 1e-3, 16, dtype)
         assert message.startswith(
             "the gradient of '2.bias' is not the mean of its per-sample gradients (p.grad ~ "
             "1.005 x their mean, residual 0.001)"
