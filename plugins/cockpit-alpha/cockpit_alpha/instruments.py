@@ -18,7 +18,8 @@ from cockpit_core.dashboard import Instrument, scalar, values
 from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, SECONDARY
 
 LIMIT = 1.5
-"""The gauge shows alpha in [-LIMIT, LIMIT]; values outside are counted at the edges."""
+"""The gauge shows alpha in [-LIMIT, LIMIT]; steps outside are put in the edge bins and
+counted in red captions (``"13 steps < -1.5"``)."""
 
 
 def alphas(output: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -78,10 +79,20 @@ def draw_alpha(ax: Any, output: Any, header: Any) -> None:
         mew=0.4,
     )
     low, high = int((a < -LIMIT).sum()), int((a > LIMIT).sum())
+    box = {"facecolor": "white", "alpha": 0.75, "lw": 0, "pad": 1}
     if low:
-        ax.text(-LIMIT + 0.03, 0.15, f"< {low}", color=BAD, fontsize=7)
+        ax.text(-LIMIT + 0.03, 0.15, outside(low, "<", -LIMIT), color=BAD, fontsize=6.5, bbox=box)
     if high:
-        ax.text(LIMIT - 0.03, 0.15, f"{high} >", color=BAD, fontsize=7, ha="right")
+        label = outside(high, ">", LIMIT)
+        ax.text(LIMIT - 0.03, 0.15, label, color=BAD, fontsize=6.5, ha="right", bbox=box)
+
+
+def outside(count: int, relation: str, limit: float) -> str:
+    """Caption of the steps beyond the gauge's range, e.g. ``"13 steps < -1.5"``.
+
+    These steps are drawn in the edge bins of the histogram.
+    """
+    return f"{count} step{'s' if count != 1 else ''} {relation} {limit:g}"
 
 
 INSTRUMENTS = [

@@ -10,9 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from cockpit_basic.lr_relation import headroom, learning_rates, lr_relation
 from cockpit_core.dashboard import (
     Instrument,
     ema,
+    last,
     metric_series,
     param_names,
     per_param_series,
@@ -131,24 +133,35 @@ def draw_performance(ax: Any, output: Any, header: Any) -> None:
 
 
 def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
-    """Update size divided by gradient norm: the learning rate for plain SGD."""
+    """Update size over gradient norm, ``||θ_{t+1} - θ_t|| / ||g_t||``, and the optimizer's lr.
+
+    The learning rate (orange, dashed) comes from ``optimizer_hparams`` when tracked; the
+    caption says how the two relate for the logged optimizer (:func:`lr_relation`).
+    """
     s_u, upd = series(output, "update_size")
     s_g, gnorm = series(output, "grad_norm")
     common, iu, ig = np.intersect1d(s_u, s_g, return_indices=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = upd[iu] / gnorm[ig]
-    ax.plot(common, ratio, color=MUTED, lw=0.7, label="per step")
+    ax.plot(common, ratio, color=MUTED, lw=0.7, label=r"$\|\Delta\theta\| / \|g\|$")
     line(ax, common, ema(ratio), color=PRIMARY, label="moving average")
-    _log_if_wide(ax, ratio)
-    finish(ax, ylabel=r"$\|\Delta\theta\| / \|g\|$", legend=True)
+    shown = [ratio]
+    for steps, lr, label in learning_rates(output):
+        ax.step(steps, lr, where="post", color=SECONDARY, ls="--", lw=1.2, label=label)
+        shown.append(lr)
+    _log_if_wide(ax, np.concatenate(shown))
+    finish(ax, ylabel=r"$\|\Delta\theta\| / \|g\|$")
+    headroom(ax, 0.45)  # caption and legend above the data
+    ax.legend(fontsize=6.5, loc="upper right", bbox_to_anchor=(1.0, 0.82), framealpha=0.7)
     ax.text(
-        0.99,
-        0.03,
-        "= learning rate for plain SGD",
+        0.02,
+        0.97,
+        lr_relation(last(output, "optimizer_hparams")[1]),
         transform=ax.transAxes,
-        ha="right",
-        fontsize=7,
-        color=MUTED,
+        ha="left",
+        va="top",
+        fontsize=6.5,
+        color="#444455",
     )
 
 
@@ -246,10 +259,12 @@ INSTRUMENTS = [
         title="Effective learning rate",
         topic="performance",
         quantities=("update_size", "grad_norm"),
+        optional=("optimizer_hparams",),
         draw=draw_effective_lr,
         order=10,
-        description="Update size / gradient norm: the learning rate for plain SGD; it shows "
-        "momentum, schedules and adaptive scaling for other optimizers.",
+        description="Update size / gradient norm next to the optimizer's learning rate "
+        "(with optimizer_hparams): equal for plain SGD; momentum, weight decay and adaptive "
+        "scaling set them apart.",
     ),
     Instrument(
         name="performance",

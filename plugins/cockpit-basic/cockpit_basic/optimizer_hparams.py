@@ -63,13 +63,18 @@ class OptimizerHparams(Quantity):
     so ``lr`` is the learning rate of this step's update (a scheduler stepped after
     ``optimizer.step()`` shows at the next step). Wrappers with an ``optimizer`` or
     ``_optimizer`` attribute (accelerate, Lightning) are unwrapped.
+
+    It needs no ``info`` key: without ``info["optimizer"]`` it records nothing at that step
+    (so presets can include it at no cost), and the panels that use it say so.
     """
 
     name = "optimizer_hparams"
-    REQUIREMENTS = Requirements(info={"optimizer"})
+    REQUIREMENTS = Requirements()
 
-    def compute(self, ctx: StepContext) -> dict[str, Any]:
+    def compute(self, ctx: StepContext) -> dict[str, Any] | None:
         """Return the optimizer's class name and its tracked param groups' hyperparameters."""
+        if ctx.optimizer is None:
+            return None
         optimizer = unwrap(ctx.optimizer)
         groups = getattr(optimizer, "param_groups", None)
         if groups is None:

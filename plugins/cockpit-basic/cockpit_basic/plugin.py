@@ -13,8 +13,8 @@ from cockpit_core import hookimpl
 
 COCKPIT_PROTOCOL_VERSION = 1
 
-# Same membership as Cockpit 1.0.2's configurations; full also records optimizer_hparams
-# (no cost) for the sharpness panel's stability threshold.
+# Cockpit 1.0.2's configurations plus optimizer_hparams (free: no statistics; it needs
+# info["optimizer"]) for the effective learning rate and sharpness panels.
 ECONOMY = [
     "alpha",
     "distance",
@@ -23,11 +23,12 @@ ECONOMY = [
     "inner_test",
     "loss",
     "norm_test",
+    "optimizer_hparams",
     "ortho_test",
     "update_size",
 ]
 BUSINESS = ECONOMY + ["tic_diag", "hess_trace"]
-FULL = BUSINESS + ["hess_max_ev", "grad_hist_2d", "optimizer_hparams"]
+FULL = BUSINESS + ["hess_max_ev", "grad_hist_2d"]
 BASIC = ["loss", "grad_norm", "distance", "update_size", "parameters", "time"]
 
 
@@ -40,15 +41,15 @@ def register_quantities(register):
 
 @hookimpl
 def register_presets(register):
-    """Register ``economy``, ``business``, ``full`` (as in Cockpit 1.0.2) and ``basic``."""
-    register("economy", ECONOMY, "Cheap first-order diagnostics (Cockpit 1.0.2 'economy').")
-    register("business", BUSINESS, "economy + Hessian trace and TIC (Cockpit 1.0.2 'business').")
+    """Register ``economy``, ``business``, ``full`` (Cockpit 1.0.2's, with optimizer_hparams) and ``basic``."""
     register(
-        "full",
-        FULL,
-        "business + Hessian max eigenvalue and 2-D histogram (Cockpit 1.0.2 'full'), and the "
-        "optimizer's hyperparameters for the sharpness panel.",
+        "economy",
+        ECONOMY,
+        "Cheap first-order diagnostics (Cockpit 1.0.2 'economy') and the optimizer's "
+        "hyperparameters.",
     )
+    register("business", BUSINESS, "economy + Hessian trace and TIC (Cockpit 1.0.2 'business').")
+    register("full", FULL, "business + Hessian max eigenvalue and 2-D histogram (1.0.2 'full').")
     register("basic", BASIC, "Only the quantities of cockpit-basic: no per-sample statistics.")
 
 

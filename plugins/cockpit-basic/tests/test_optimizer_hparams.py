@@ -57,3 +57,17 @@ def test_only_groups_with_tracked_parameters_and_the_lr_of_each_step():
         assert isinstance(group["lr"], float)
         assert group["lr"] == pytest.approx(0.25 * 0.5**step, rel=1e-15)  # exact in float32
         assert group["momentum"] == 0.5 and group["initial_lr"] == 0.25
+
+
+def test_without_an_optimizer_in_info_nothing_is_recorded_and_nothing_is_required():
+    from cockpit_core import Cockpit
+
+    problem = tiny_mlp()
+    model = problem.make_model()
+    cp = Cockpit(model.parameters(), ["loss", "optimizer_hparams"], on_error="raise")
+    x, y = problem.batch(0)
+    loss = problem.loss_module()(model(x), y)
+    with cp(0, info={"loss": loss, "batch_size": len(x)}):  # no optimizer: no MissingInfoError
+        loss.backward()
+    assert "optimizer_hparams" not in cp.get_output()[0]
+    assert cp.get_output()[0]["loss"] == loss.item()

@@ -75,9 +75,21 @@ def draw_gradient_tests(ax: Any, output: Any, header: Any) -> None:
         geo.add_patch(Circle((0, 0), r, color=PRIMARY, fill=False, lw=1.2))
     geo.plot(0, 0, "+", color="black", ms=10, mew=2)
     geo.set_title("last step", fontsize=7)
-    geo.tick_params(labelsize=6)
-    geo.grid(True, ls=":", lw=0.5)
+    _sparse_symlog_ticks(geo)
     geo.set_aspect("equal", adjustable="box")
+
+
+def _sparse_symlog_ticks(geo: Any) -> None:
+    """Label only -1, 0 and 1 (the default symlog labels overlap on a small inset).
+
+    Unlabelled minor ticks and grid lines mark +-0.1, where the axes turn logarithmic.
+    """
+    for axis in (geo.xaxis, geo.yaxis):
+        axis.set_ticks([-1.0, 0.0, 1.0], labels=["-1", "0", "1"])
+        axis.set_ticks([-0.1, 0.1], minor=True)
+    geo.tick_params(labelsize=6, pad=1.5, length=2)
+    geo.tick_params(which="minor", length=1.5)
+    geo.grid(True, which="both", ls=":", lw=0.5)
 
 
 def draw_mean_gsnr(ax: Any, output: Any, header: Any) -> None:
