@@ -45,14 +45,37 @@ def reference_samples(method: str, a: np.ndarray, probes: int, gen: torch.Genera
     if method == "hutchinson":
         z = _probes(gen, dim, probes)
         return (z * (a @ z)).T, probes
-    k = probes // 2
+    samples, _ = _xdiag_reference(a, probes, gen)
+    return samples, 2 * (probes // 2)
+
+
+def _xdiag_reference(a: np.ndarray, probes: int, gen: torch.Generator):
+    """XDiag's samples ``x_j`` and ``d[i, j] = x_j - x_(j,-i)`` (probe ``i`` left out too)."""
+    dim, k = a.shape[0], probes // 2
     omega = _probes(gen, dim, k)
-    samples = []
-    for i in range(k):
-        q = np.linalg.qr(a @ np.delete(omega, i, axis=1))[0]  # orth(A Omega_-i)
+
+    def sample(j, drop):  # the sketch orth(A Omega) of all probes but j and `drop`
+        q = np.linalg.qr(a @ np.delete(omega, sorted({j, *drop}), axis=1))[0]
         p = np.eye(dim) - q @ q.T
-        samples.append(np.diagonal(q @ q.T @ a) + omega[:, i] * (p @ a @ omega[:, i]))
-    return np.array(samples), 2 * k
+        return np.diagonal(q @ q.T @ a) + omega[:, j] * (p @ a @ omega[:, j])
+
+    samples = np.array([sample(j, ()) for j in range(k)])
+    d = np.zeros((k, k, dim))
+    for i in range(k):
+        for j in range(k):
+            if i != j:
+                d[i, j] = samples[j] - sample(j, (i,))
+    return samples, d
+
+
+def _xdiag_std_error(samples: np.ndarray, d: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Error of ``mean(samples) @ weights`` (``[D, n_out]``): ``std^2 / k`` plus ``mean_{i !=
+    j} (d_ij @ weights) (d_ji @ weights)``, clipped to [1, 3] times ``std^2 / k``."""
+    k = len(samples)
+    heuristic = (samples @ weights).var(0, ddof=1) / k
+    dw = d @ weights
+    cross = np.einsum("ijo,jio->o", dw, dw) / (k * (k - 1))
+    return np.sqrt(np.clip(heuristic + cross, heuristic, 3 * heuristic))
 
 
 def _split(x: np.ndarray, sizes) -> list[np.ndarray]:
@@ -73,7 +96,7 @@ def mlp_hessian():
 
 
 def test_estimators_equal_the_brute_force_with_the_same_probes(mlp_hessian):
-    hess, _ = mlp_hessian
+    hess, sizes = mlp_hessian
     for method, probes in (("hutchinson", 5), ("xdiag", 10)):
         est = DIAG_ESTIMATORS[method](
             lambda v: hess @ v, hess.shape[0], probes, torch.Generator().manual_seed(7)
@@ -84,10 +107,23 @@ def test_estimators_equal_the_brute_force_with_the_same_probes(mlp_hessian):
         # float64, same probes: only summation order and the QR differ
         np.testing.assert_allclose(est.samples.numpy(), samples, rtol=1e-9, atol=1e-12)
         assert est.hvps == hvps
+    # XDiag's error bars: per entry, of a weighted sum, and of its blocks
+    est = xdiag(lambda v: hess @ v, hess.shape[0], 10, torch.Generator().manual_seed(7))
+    samples, d = _xdiag_reference(hess.numpy(), 10, torch.Generator().manual_seed(7))
+    w = torch.linspace(-1, 2, hess.shape[0], dtype=torch.float64)
+    blocks = np.zeros((len(w), len(sizes)))
+    blocks[np.arange(len(w)), np.repeat(np.arange(len(sizes)), sizes)] = w.numpy()
+    for got, weights in (
+        (est.std_error, np.eye(len(w))),
+        (est.std_error_of(w), w.numpy()[:, None]),
+        (est.std_error_of(w, sizes), blocks),
+    ):
+        want = _xdiag_std_error(samples, d, weights)
+        np.testing.assert_allclose(got.numpy().reshape(-1), want, rtol=1e-8, atol=1e-12)
     assert xdiag(lambda v: hess @ v, hess.shape[0], 11, torch.Generator()).hvps == 10
 
 
-@pytest.mark.parametrize("method,probes", [("hutchinson", 12), ("xdiag", 24)])
+@pytest.mark.parametrize("method,probes", [("hutchinson", 12), ("xdiag", 12)])
 def test_unbiased_with_error_bars_that_match_the_spread(method, probes, mlp_hessian):
     hess, sizes = mlp_hessian
     exact = torch.diagonal(hess).numpy()
@@ -113,18 +149,10 @@ def test_unbiased_with_error_bars_that_match_the_spread(method, probes, mlp_hess
     # error bars: RMS reported per-entry standard error against the spread over seeds
     reported = np.sqrt(np.mean([r.std_error.numpy() ** 2 for r in runs], axis=0))[moving]
     ratio = reported / est.std(0, ddof=1)[moving]
-    if method == "hutchinson":
-        # independent samples: E[std_error^2] is exactly the variance, entry by entry
-        np.testing.assert_allclose(ratio, 1.0, rtol=0.2)
-    else:
-        # XDiag's leave-one-out samples are dependent (as XTrace's): the heuristic is right
-        # on the whole (median ratio 0.99, RMS ratio 0.96 here, k = 12) but low for a few
-        # entries (smallest ratio 0.75)
-        assert np.median(ratio) == pytest.approx(1.0, rel=0.2)
-        assert np.sqrt(np.mean(reported**2) / np.mean(est.std(0, ddof=1)[moving] ** 2)) == (
-            pytest.approx(1.0, rel=0.2)
-        )
-        assert ratio.min() > 0.6
+    # Hutchinson: independent samples, E[std_error^2] is exactly the variance, entry by
+    # entry. XDiag: the paper's std(x_i) / sqrt(k) alone measured 0.74-1.08 here (its x_i
+    # are dependent); with the leave-two-out covariance term 0.91-1.14
+    np.testing.assert_allclose(ratio, 1.0, rtol=0.2)
 
 
 def test_xdiag_beats_hutchinson_at_equal_products_on_a_decaying_spectrum():
@@ -149,8 +177,9 @@ def test_xdiag_beats_hutchinson_at_equal_products_on_a_decaying_spectrum():
     assert rmse(xdiag) < rmse(diag_hutchinson) / 10
 
 
-def _tic_reference(name, moments, curvature, samples, sizes, eps, negative):
-    """TIC value and delta-method errors from hand-derived weights (numpy)."""
+def _tic_reference(name, moments, curvature, samples, sizes, eps, negative, d=None):
+    """TIC value and delta-method errors from hand-derived weights (numpy); ``d``: XDiag's
+    leave-two-out changes (``_xdiag_reference``), ``None`` for independent samples."""
     h = np.abs(curvature) if negative == "abs" else curvature
     sign = np.sign(curvature) if negative == "abs" else np.ones_like(curvature)
     if name == "tic_diag":
@@ -167,9 +196,15 @@ def _tic_reference(name, moments, curvature, samples, sizes, eps, negative):
         per = ms / (hs + eps)
         w_total = -big_m / (big_h + eps) ** 2 * sign
         w_parts = np.repeat(-ms / (hs + eps) ** 2, sizes) * sign
-    se = _sem(samples @ w_total)
-    se_per = np.array([_sem(s.sum(1)) for s in _split(samples * w_parts, sizes)])
-    return total, per, se, se_per
+    if d is None:
+        se = _sem(samples @ w_total)
+        se_per = np.array([_sem(s.sum(1)) for s in _split(samples * w_parts, sizes)])
+        return total, per, se, se_per
+    blocks = np.zeros((len(w_parts), len(sizes)))
+    blocks[np.arange(len(w_parts)), np.repeat(np.arange(len(sizes)), sizes)] = w_parts
+    weights = np.broadcast_to(w_total, moments.shape)[:, None]
+    se = _xdiag_std_error(samples, d, weights)[0]
+    return total, per, se, _xdiag_std_error(samples, d, blocks)
 
 
 def test_tic_in_cockpit_equals_the_brute_force():
@@ -189,8 +224,12 @@ def test_tic_in_cockpit_equals_the_brute_force():
             ("tic_diag", "tic_diag", "hutchinson", 6, 1e-2, "abs"),
             ("tic_trace_x", "tic_trace", "xdiag", 8, 1e-7, "keep"),
         ):
-            samples, hvps = reference_samples(method, hess, probes, step_generator(4, step))
-            want = _tic_reference(name, moments, samples.mean(0), samples, sizes, eps, negative)
+            gen = step_generator(4, step)
+            if method == "xdiag":
+                samples, d = _xdiag_reference(hess, probes, gen)
+            else:
+                (samples, _), d = reference_samples(method, hess, probes, gen), None
+            want = _tic_reference(name, moments, samples.mean(0), samples, sizes, eps, negative, d)
             got = result.output[step][key]
             # float64 on both sides; H v by double backward vs the explicit Hessian differs
             # by round-off, amplified at most ~1e3x by the division: 1e-8 is loose
@@ -198,7 +237,7 @@ def test_tic_in_cockpit_equals_the_brute_force():
             np.testing.assert_allclose(got["per_param"], want[1], rtol=1e-8)
             np.testing.assert_allclose(got["std_error"], want[2], rtol=1e-8)
             np.testing.assert_allclose(got["std_error_per_param"], want[3], rtol=1e-8)
-            assert got["hvps"] == hvps == probes
+            assert got["hvps"] == probes
 
 
 @pytest.mark.parametrize("cls", [TICDiag, TICTrace])
@@ -240,10 +279,9 @@ def test_delta_method_error_matches_the_spread_when_the_curvature_is_well_resolv
     reported = np.sqrt(np.mean([o["std_error"] ** 2 for o in outs]))
     reported_per = np.sqrt(np.mean([o["std_error_per_param"] ** 2 for o in outs], axis=0))
     ratios = np.append(reported_per / per.std(0, ddof=1), reported / totals.std(ddof=1))
-    if method == "hutchinson":  # measured 0.91-0.97
-        np.testing.assert_allclose(ratios, 1.0, rtol=0.2)
-    else:  # XDiag's heuristic error bar is low on this matrix: measured 0.62-0.74
-        assert np.all((ratios > 0.5) & (ratios < 1.2))
+    # measured 0.91-0.97 (Hutchinson) and 0.91-1.05 (XDiag; the paper's heuristic error bar
+    # alone: 0.62-0.74)
+    np.testing.assert_allclose(ratios, 1.0, rtol=0.2)
 
 
 def test_options_are_validated():
