@@ -8,7 +8,8 @@ panel, together with the ``learning_rate`` (which labels the run in comparisons)
 folder gets the log (``log.jsonl``), a consolidated ``output.json`` and the dashboard
 picture ``dashboard.png``; the folder is printed at the end. :func:`run_compare_lr` trains
 once per learning rate from the same initialisation and batch order and draws the runs
-into one comparison dashboard, the paper's central workflow. Progress goes to
+into one comparison dashboard, the paper's central workflow; ``cockpit_core.demo_scenarios``
+trains it in deliberately bad ways for the diagnoses. Progress goes to
 standard error: a tqdm bar on a terminal, otherwise (a file, a pipe, a CI log) one line at
 every tenth of the run, so logs get no carriage returns.
 """

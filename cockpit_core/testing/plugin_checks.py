@@ -29,6 +29,7 @@ from cockpit_core.plugins import PluginInfo
 from cockpit_core.registry import Registry
 from cockpit_core.statistics.func import FuncProvider
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
+from cockpit_core.testing.diagnosis_checks import check_diagnosis
 from cockpit_core.testing.instrument_checks import check_instrument
 from cockpit_core.testing.problems import tiny_mlp
 from cockpit_core.testing.providers import check_provider
@@ -83,7 +84,12 @@ def check_plugin(
     * each sink is built with its default options, receives every record of a short run
       (the plugin's own quantities, else none) and is closed, without an exception;
     * each per-sample statistic kind is computed by the ``func`` provider and compared with
-      its ``from_per_sample`` on loop gradients (``check_provider(FuncProvider, kinds=[kind])``).
+      its ``from_per_sample`` on loop gradients (``check_provider(FuncProvider, kinds=[kind])``);
+    * each diagnosis follows the protocol (:func:`~cockpit_core.diagnosis.check_diagnosis_class`),
+      its options are described, validate with their defaults and reject unknown names,
+      and ``check`` runs without raising on an empty window and on the window of a short
+      run of the installed quantities it reads, returning JSON-compatible findings of its
+      own name (:func:`check_diagnosis`).
 
     Args:
         plugin: The entry-point name (group ``cockpit``) or local plugin name, or a plugin
@@ -93,7 +99,8 @@ def check_plugin(
             ``{"my_quantity": {"options": {"bins": 10}, "info_extra": {...}}}`` for
             :func:`check_quantity`, ``{"my_provider": {"problems": [...]}}`` for
             :func:`check_provider`, ``{"my_panel": {"options": {...}}}`` for
-            :func:`check_instrument`, and a sink's factory options.
+            :func:`check_instrument`, ``{"my_rule": {"options": {...}}}`` for
+            :func:`check_diagnosis`, and a sink's factory options.
         skip: Names of registered things not to check (reported in ``not_checked``).
 
     Returns:
@@ -169,6 +176,17 @@ def check_plugin(
             )
             continue
         run("statistic kind", name, lambda kind=kind: _check_kind(kind))
+    for name in info.diagnoses:
+        if f"diagnosis:{name}" in registry.conflicts:
+            continue
+        dcls = registry.diagnoses[name].cls
+        run(
+            "diagnosis",
+            name,
+            lambda dcls=dcls, name=name: check_diagnosis(
+                dcls, registry=registry, **arguments.get(name, {})
+            ),
+        )
     if problems:
         listing = "\n".join("  - " + problem.replace("\n", "\n    ") for problem in problems)
         raise ConformanceError(

@@ -4,8 +4,9 @@
 them while the logs grow; ``cockpit plot RUN... -o dash.html`` (:func:`write_page`) writes
 the same page as one self-contained file. Both only read the logs. Modules: ``follow``
 (one log read incrementally), ``panels`` (which series goes into which panel),
-``feed`` (several runs and the page's data), ``page`` (the HTML), ``server`` (HTTP).
-See ``docs/dashboard.md`` (Web view). Needs the ``plotly`` package.
+``feed`` (several runs and the page's data), ``findings`` (the diagnoses' findings: a list
+above the panels, shaded steps on them), ``page`` (the HTML), ``server`` (HTTP).
+See ``docs/dashboard.md`` (Web view) and ``docs/diagnoses.md``. Needs the ``plotly`` package.
 """
 
 from __future__ import annotations

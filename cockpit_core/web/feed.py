@@ -2,7 +2,8 @@
 
 :func:`find_logs` turns ``RUN_DIR`` and log arguments into ``(path, label)`` pairs;
 :class:`Feed` follows each log (:class:`~cockpit_core.web.follow.LogFollower`) and gives the
-page's data (:meth:`Feed.payload`): the panels' plotly figures and a status per run.
+page's data (:meth:`Feed.payload`): the panels' plotly figures, a status per run and the
+runs' findings (:mod:`cockpit_core.web.findings`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cockpit_core.errors import CockpitError
+from cockpit_core.web import findings as web_findings
 from cockpit_core.web.follow import LogFollower
 from cockpit_core.web.panels import TOPICS, figures
 
@@ -77,6 +79,9 @@ class Feed:
         max_points: Points per series at most.
         labels: The runs' names in legends, one per log found (default: see
             :func:`find_logs`).
+        diagnose: Also run the installed diagnoses over each log when the data changes
+            (:func:`cockpit_core.diagnose.diagnose`); else show only the findings the logs
+            recorded while training.
 
     """
 
@@ -86,6 +91,7 @@ class Feed:
         title: str | None = None,
         max_points: int = 2000,
         labels: Sequence[str] | None = None,
+        diagnose: bool = False,
     ):
         logs = find_logs(paths)
         if not logs:
@@ -97,6 +103,7 @@ class Feed:
         self.runs = [LogFollower(path, label) for path, label in logs]
         self.title = title or "cockpit: " + ", ".join(run.label for run in self.runs)
         self.max_points = max_points
+        self.diagnose = diagnose
         self.version = 0
         self._lock = threading.Lock()
         self._payload: dict[str, Any] | None = None
@@ -114,13 +121,21 @@ class Feed:
         """The page's data after a :meth:`poll`: panels, runs and a version number.
 
         ``{"version", "title", "updated", "points", "topics", "runs": [{"label", "path",
-        "records", "last_step", "error"}], "panels": [...]}`` with the panels of
-        :func:`cockpit_core.web.panels.figures`; ``points`` counts every value shown.
+        "records", "last_step", "error"}], "panels": [...], "findings": [...]}`` with the
+        panels of :func:`cockpit_core.web.panels.figures` (each finding's steps shaded on
+        the panels of the quantities its diagnosis reads) and the findings of
+        :func:`cockpit_core.web.findings.entries`; ``points`` counts every value shown.
         """
         self.poll()
         with self._lock:
             if self._payload is None:
                 panels = figures(self.runs, self.max_points)
+                found = web_findings.entries(
+                    [(run.label, self._findings(run)) for run in self.runs],
+                    panels,
+                    web_findings.diagnosis_reads(),
+                )
+                web_findings.mark(panels, found)
                 self._payload = {
                     "version": self.version,
                     "title": self.title,
@@ -138,5 +153,19 @@ class Feed:
                         for run in self.runs
                     ],
                     "panels": panels,
+                    "findings": found,
                 }
             return self._payload
+
+    def _findings(self, run: LogFollower) -> list[dict[str, Any]]:
+        """The run's logged findings, and with ``diagnose`` those found in its log now."""
+        if not self.diagnose:
+            return list(run.findings.values())
+        from cockpit_core.diagnose import diagnose
+        from cockpit_core.log import LogFormatError
+
+        try:  # the logged ones are included (each id once)
+            return [f.to_record() for f in diagnose(run.path)]
+        except (OSError, LogFormatError) as err:  # not there yet, or being written
+            run.error = run.error or f"diagnoses not run: {err}"
+            return list(run.findings.values())

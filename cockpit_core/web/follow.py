@@ -38,6 +38,8 @@ class LogFollower:
     Attributes:
         series: ``{tag: {step: value}}``; a non-finite value is ``None`` (a gap).
         names: ``{output key: quantity name}`` from the headers (``cp.add`` included).
+        findings: ``{id: finding record}`` of the log's ``finding`` records (diagnoses that
+            ran while training).
         records: Records read so far.
         error: The last problem reading the log (a damaged line is skipped), else ``None``.
 
@@ -48,6 +50,7 @@ class LogFollower:
         self.label = label
         self.series: dict[str, dict[int, float | None]] = {}
         self.names: dict[str, str] = {}
+        self.findings: dict[str, dict[str, Any]] = {}
         self.records = 0
         self.error: str | None = None
         self._tags = TagMap("", per_param=False, histograms=False)
@@ -91,6 +94,7 @@ class LogFollower:
     def _reset(self) -> None:
         self.series.clear()
         self.names.clear()
+        self.findings.clear()
         self.records = 0
         self._tags = TagMap("", per_param=False, histograms=False)
         self._offset = 0
@@ -120,12 +124,14 @@ class LogFollower:
         self.apply({"kind": "header", **data.header})
         for step, values in data.output.items():
             self.apply({"kind": "values", "step": step, "values": values})
+        for finding in data.findings:
+            self.apply({"kind": "finding", **finding})
         self.records = 1 + len(data.output)
         self.error = None
         return True
 
     def apply(self, record: dict[str, Any]) -> None:
-        """Take one decoded record (``header``, ``quantity_added``, ``values``, ``metrics``)."""
+        """Take one decoded record (header, quantity_added, values, metrics, finding)."""
         kind = record.get("kind")
         step = record.get("step")
         if kind == "header":
@@ -140,6 +146,8 @@ class LogFollower:
             self._add(step, self._tags.values(record["values"]))
         elif kind == "metrics" and type(step) is int and isinstance(record.get("metrics"), dict):
             self._add(step, self._tags.metrics(record["metrics"]))
+        elif kind == "finding" and isinstance(record.get("id"), str):
+            self.findings[record["id"]] = {k: v for k, v in record.items() if k != "kind"}
 
     def _add(self, step: int, events: Any) -> None:
         for event in events:

@@ -5,7 +5,7 @@ self-contained file (plotly.js inlined, the data embedded, no network needed);
 ``cockpit serve`` sends the same page with plotly.js as a separate, cacheable file and a
 poll interval, and the page then asks the server for ``data.json`` every few seconds and
 redraws with ``Plotly.react`` when the version changed. The charts are plotly's; the
-page's own script only places the panels and polls.
+page's own script only places the panels, lists the findings above them and polls.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ h2 { font-size: 1.05em; text-transform: uppercase; color: #555; border-bottom: 1
 .cockpit-topic { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr));
   gap: 0.5em; }
 .cockpit-error { color: #b00; }
+#cockpit-findings ul { list-style: none; padding-left: 0; margin: 0.3em 0; }
+.cockpit-finding { border-left: 5px solid #1f77b4; padding: 0.2em 0.6em; margin: 0.2em 0;
+  background: #f6f6f6; }
+.cockpit-finding.warning { border-color: #ff7f0e; }
+.cockpit-finding.error { border-color: #d62728; }
+.cockpit-finding small { color: #555; }
 """
 
 # Places one div per panel under its topic's heading and hands the figure to plotly;
@@ -76,8 +82,40 @@ function show(data) {
   status.dataset.version = data.version;
   status.textContent = data.points + " values in " + data.panels.length + " panels; " + runs +
     "; updated " + data.updated + (POLL_MS ? " (live)" : "");
+  showFindings(data.findings || [], data.runs.length > 1);
   const errors = data.runs.filter((r) => r.error).map((r) => r.label + ": " + r.error);
   document.getElementById("cockpit-errors").textContent = errors.join("; ");
+}
+function showFindings(findings, several) {
+  const box = document.getElementById("cockpit-findings");
+  box.dataset.count = findings.length;
+  box.replaceChildren();
+  if (!findings.length) return;
+  const h = document.createElement("h2");
+  h.textContent = "findings (" + findings.length + ")";
+  const list = document.createElement("ul");
+  for (const f of findings) {
+    const item = document.createElement("li");
+    item.className = "cockpit-finding " + f.severity;
+    item.dataset.id = f.id;
+    const steps = f.first_step === f.last_step ? "step " + f.first_step
+      : "steps " + f.first_step + "-" + f.last_step;
+    const head = document.createElement("b");
+    head.textContent = (several ? f.run + ": " : "") + f.severity.toUpperCase() + " " +
+      f.diagnosis + ": ";
+    item.appendChild(head);
+    item.appendChild(document.createTextNode(f.message + " (" + steps + ")"));
+    const more = [f.suggestion, f.source].filter((t) => t).join(" \u2014 ");
+    if (more) {
+      const small = document.createElement("small");
+      small.textContent = more;
+      item.appendChild(document.createElement("br"));
+      item.appendChild(small);
+    }
+    list.appendChild(item);
+  }
+  box.appendChild(h);
+  box.appendChild(list);
 }
 async function poll() {
   try {
@@ -138,6 +176,7 @@ def render_page(payload: dict[str, Any], poll_seconds: float = 0.0, inline_js: b
         f"<title>{title}</title>\n<style>{_STYLE}</style>\n{script}\n</head>\n<body>\n"
         f'<h1>{title}</h1>\n<p id="cockpit-status"></p>\n'
         '<p id="cockpit-errors" class="cockpit-error"></p>\n'
+        '<div id="cockpit-findings"></div>\n'
         '<div id="cockpit-panels"></div>\n'
         f'<script id="cockpit-data" type="application/json">{_embed(payload)}</script>\n'
         f"<script>{code}</script>\n</body>\n</html>\n"
@@ -153,11 +192,12 @@ def write_page(
     """Write the web view of the runs at ``paths`` to ``out`` as one self-contained file.
 
     The file opens in any browser without a server or a network (plotly.js is inlined:
-    about 5 MB). It is written to a temporary file first and then renamed over ``out``.
+    about 5 MB). The installed diagnoses run over each log: their findings are listed above
+    the panels and shaded on them. It is written to a temporary file first and then renamed over ``out``.
     ``title`` and ``labels`` as in :class:`Feed`.
     """
     out = Path(out)
-    text = render_page(Feed(paths, title=title, labels=labels).payload())
+    text = render_page(Feed(paths, title=title, labels=labels, diagnose=True).payload())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -125,7 +125,8 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
         max_points: Points per series at most (evenly thinned beyond).
 
     Returns:
-        ``[{"id", "title", "topic", "points", "figure": {"data", "layout"}}]``.
+        ``[{"id", "title", "topic", "points", "quantities", "figure": {"data", "layout"}}]``
+        (``quantities``: the names of the quantities the panel shows).
 
     """
     import plotly.graph_objects as go
@@ -185,6 +186,7 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
                 "title": panel.title,
                 "topic": panel.topic,
                 "points": counts[panel.id],
+                "quantities": sorted(panel.members),
                 "figure": {"data": traces[panel.id], "layout": layout.to_plotly_json()},
             }
         )

@@ -82,3 +82,27 @@ def test_page_shows_the_panels_and_updates_when_a_record_is_appended(logged_run,
     loss_before = next(p["points"] for p in first["panels"] if p["id"] == "loss")
     assert _attribute(dom, "panel-loss", "data-points") == loss_before + 1
     assert "last step 10" in dom
+
+
+def test_static_page_lists_findings_and_shades_their_steps(logged_run, tmp_path):
+    from cockpit_core.diagnosis import Finding
+    from cockpit_core.web import write_page
+
+    finding = Finding(
+        "dead_layers@1", "dead_layers", "warning", 1, 2, "a <b>dead</b> layer", {"x": 1}
+    )
+    with open(logged_run.log, "a") as f:
+        f.write(dumps(finding.to_record()) + "\n")
+    page = write_page([logged_run.log], tmp_path / "dash.html")
+    dom = dump_dom(page.as_uri(), tmp_path / "profile", budget_ms=2000)
+    assert _attribute(dom, "cockpit-findings", "data-count") == 1
+    # the message is text, not markup; the entry is styled by its severity
+    assert 'class="cockpit-finding warning" data-id="dead_layers@1"' in dom
+    assert "WARNING dead_layers: </b>a &lt;b&gt;dead&lt;/b&gt; layer (steps 1-2)" in dom
+
+    # plotly drew the span on the grad_norm panel (dead_layers reads grad_norm) only
+    def drawn(panel_id: str) -> int:
+        html = dom[dom.index(f'id="panel-{panel_id}"') :]
+        return html[: html.find('id="panel-', 5)].count('class="shape-group"')
+
+    assert (drawn("grad_norm"), drawn("loss")) == (1, 0)

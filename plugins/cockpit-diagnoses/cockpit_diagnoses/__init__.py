@@ -1,13 +1,17 @@
 """cockpit-diagnoses: rules that read logged quantities and say what is wrong, with evidence."""
 
 from cockpit_diagnoses.batch_size import BatchSize
+from cockpit_diagnoses.cabs_batch import CABSBatch
 from cockpit_diagnoses.dead_layers import DeadLayers
 from cockpit_diagnoses.early_stopping import EarlyStopping
 from cockpit_diagnoses.exploding_gradients import ExplodingGradients
+from cockpit_diagnoses.gsnr_collapse import GSNRCollapse
+from cockpit_diagnoses.histogram_clamped import HistogramClamped
 from cockpit_diagnoses.loss_plateau import LossPlateau
 from cockpit_diagnoses.nonfinite import NonFinite
 from cockpit_diagnoses.stability import Stability
 from cockpit_diagnoses.step_size import StepSize
+from cockpit_diagnoses.vanishing_gradients import VanishingGradients
 
 DIAGNOSES = (
     StepSize,
@@ -18,17 +22,25 @@ DIAGNOSES = (
     ExplodingGradients,
     NonFinite,
     LossPlateau,
+    VanishingGradients,
+    GSNRCollapse,
+    HistogramClamped,
+    CABSBatch,
 )
 """Every diagnosis of this plugin, in documentation order."""
 
 __all__ = [
     "DIAGNOSES",
     "BatchSize",
+    "CABSBatch",
     "DeadLayers",
     "EarlyStopping",
     "ExplodingGradients",
+    "GSNRCollapse",
+    "HistogramClamped",
     "LossPlateau",
     "NonFinite",
     "Stability",
     "StepSize",
+    "VanishingGradients",
 ]

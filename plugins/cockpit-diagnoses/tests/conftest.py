@@ -67,17 +67,22 @@ def train(
     momentum: float = 0.0,
     dead: bool = False,
     task: str = "classify",
+    weight_decay: float = 0.0,
+    target_offset: float = 0.0,
     log: Path | None = None,
     **cockpit_options: Any,
 ) -> dict[int, dict[str, Any]]:
     """Train with SGD and cockpit tracking ``quantities`` every step; return the output.
 
     Mini-batches are drawn with replacement from 512 samples (a generator per seed); the
-    loss is the mean of :func:`per_sample_losses`.
+    loss is the mean of :func:`per_sample_losses`. ``target_offset`` is added to real
+    targets (``regress``, ``noise``); ``weight_decay`` is SGD's.
     """
     x, y = make_data(seed, task)
+    if task in ("regress", "noise"):
+        y = y + target_offset
     model = make_model(seed, 1 if task in ("regress", "noise") else 3, dead=dead)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # skipped steps of diverging runs warn; tests look
         cp = Cockpit(model, quantities, log=log, **cockpit_options)

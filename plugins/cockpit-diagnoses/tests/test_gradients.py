@@ -1,8 +1,8 @@
-"""dead_layers and exploding_gradients, from grad_norm's per-parameter norms."""
+"""dead_layers, exploding_gradients (and vanishing_gradients), from grad_norm's norms."""
 
 import pytest
 import torch
-from cockpit_diagnoses import DeadLayers, ExplodingGradients
+from cockpit_diagnoses import DeadLayers, ExplodingGradients, VanishingGradients
 
 from cockpit_core.diagnosis import Window
 from cockpit_core.log import read_records
@@ -25,10 +25,11 @@ def test_a_layer_multiplied_by_zero_is_dead_within_5_steps(run, kit):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_healthy_model_has_no_dead_layer_and_no_explosion(run, seed):
+def test_a_healthy_model_has_no_dead_layer_no_explosion_no_vanishing(run, seed):
     out = run(["grad_norm"], steps=30, lr=0.3, seed=seed)
     assert DeadLayers().check(Window(out)) == []
     assert ExplodingGradients().check(Window(out)) == []
+    assert VanishingGradients().check(Window(out)) == []
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

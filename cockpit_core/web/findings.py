@@ -1,0 +1,114 @@
+"""Findings in the web view: the list above the panels and the shaded steps on the panels.
+
+A finding (``docs/diagnoses.md``) comes from a ``finding`` record of the log (a diagnosis
+that ran while training) or, for a page written by ``cockpit plot -o x.html``, from running
+the installed diagnoses over the log (:func:`cockpit_core.diagnose.diagnose`). Each becomes
+an entry of the page's ``findings`` list, and a shaded span from its ``first_step`` to its
+``last_step`` on every panel that shows a quantity its diagnosis reads (looked up in the
+installed diagnoses; a diagnosis not installed here, or one that reads no quantity such as
+``nonfinite``, marks no panel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cockpit_core.diagnosis import severity_rank
+
+COLORS = {"info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728"}
+"""Fill colour of a finding's span (and its list entry) by severity."""
+
+OPACITY = 0.15
+"""Opacity of the shaded span: the curves stay readable."""
+
+
+def diagnosis_reads() -> dict[str, tuple[str, ...]]:
+    """``{diagnosis name: quantity names it reads}`` of the installed diagnoses."""
+    from cockpit_core.registry import default_registry
+
+    return {name: tuple(entry.cls.reads) for name, entry in default_registry().diagnoses.items()}
+
+
+def entries(
+    runs: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+    panels: Sequence[Mapping[str, Any]],
+    reads: Mapping[str, Sequence[str]],
+) -> list[dict[str, Any]]:
+    """The page's findings list: each finding of each run, with the panels it marks.
+
+    Args:
+        runs: ``(run label, finding records)`` per run (``Finding.to_record()`` fields).
+        panels: The page's panels (``id`` and ``quantities``, see
+            :func:`cockpit_core.web.panels.figures`).
+        reads: ``{diagnosis name: quantity names}`` (:func:`diagnosis_reads`).
+
+    Returns:
+        ``[{"run", "id", "diagnosis", "severity", "first_step", "last_step", "message",
+        "suggestion", "source", "panels": [panel ids]}]``, the most severe first, then by
+        first step.
+
+    """
+    out = []
+    for label, findings in runs:
+        for f in findings:
+            wanted = set(reads.get(str(f.get("diagnosis")), ()))
+            out.append(
+                {
+                    "run": label,
+                    **{
+                        k: f.get(k)
+                        for k in (
+                            "id",
+                            "diagnosis",
+                            "severity",
+                            "first_step",
+                            "last_step",
+                            "message",
+                            "suggestion",
+                            "source",
+                        )
+                    },
+                    "panels": [p["id"] for p in panels if wanted & set(p.get("quantities", ()))],
+                }
+            )
+    return sorted(out, key=lambda e: (-_rank(e["severity"]), e["first_step"] or 0, e["id"]))
+
+
+def mark(panels: Sequence[dict[str, Any]], findings: Sequence[Mapping[str, Any]]) -> None:
+    """Add each finding's shaded span to the layout of the panels it marks (in place).
+
+    A span is a plotly rectangle over the full height, from ``first_step - 0.5`` to
+    ``last_step + 0.5`` (a one-step finding stays visible), below the traces, named by the
+    finding's id (``run: id`` with several runs).
+    """
+    several = len({f["run"] for f in findings}) > 1
+    by_id = {p["id"]: p for p in panels}
+    for f in findings:
+        if not isinstance(f.get("first_step"), int) or not isinstance(f.get("last_step"), int):
+            continue
+        for panel_id in f["panels"]:
+            layout = by_id[panel_id]["figure"]["layout"]
+            layout.setdefault("shapes", []).append(
+                {
+                    "type": "rect",
+                    "name": f"{f['run']}: {f['id']}" if several else f["id"],
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": f["first_step"] - 0.5,
+                    "x1": f["last_step"] + 0.5,
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": COLORS.get(f["severity"], COLORS["info"]),
+                    "opacity": OPACITY,
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+
+
+def _rank(severity: Any) -> int:
+    try:
+        return severity_rank(str(severity))
+    except ValueError:
+        return 0

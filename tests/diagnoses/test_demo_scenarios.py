@@ -1,0 +1,52 @@
+"""`cockpit demo --scenario NAME`: each bad scenario produces its finding, healthy none."""
+
+import json
+
+import pytest
+
+from cockpit_core.cli import main
+from cockpit_core.demo_scenarios import SCENARIOS
+
+pytestmark = pytest.mark.filterwarnings("ignore::cockpit_core.errors.CockpitWarning")
+STEPS = 12  # the persistence windows are 10 tracked steps (dead_layers: 5)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario_gives_its_finding_and_diagnose_agrees(name, tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    expected = SCENARIOS[name].expected
+    code = main(["demo", "--scenario", name, "--steps", str(STEPS), "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == (1 if expected else 0)
+    log = str(tmp_path / "log.jsonl")
+    assert main(["diagnose", log, "--json"]) == code
+    findings = json.loads(capsys.readouterr().out)["logs"][0]["findings"]
+    if not expected:
+        assert findings == [] and f"{log}: no findings" in out
+        return
+    ids = [f["id"] for f in findings]
+    assert any(i.startswith(expected + "@") or i.startswith(expected + "/") for i in ids), ids
+    mine = next(f for f in findings if f["id"].startswith(expected))
+    assert mine["first_step"] <= 2 and mine["last_step"] >= STEPS - 4
+    assert mine["message"] in out  # the demo printed the report of cockpit diagnose
+    # the finding was also recorded in the log while training (the scenario runs it)
+    with open(log) as fh:
+        logged = [json.loads(line) for line in fh if '"finding"' in line]
+    assert any(r["kind"] == "finding" and r["diagnosis"] == mine["diagnosis"] for r in logged)
+
+
+def test_list_and_unknown_scenario(capsys):
+    assert main(["demo", "--scenario", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in SCENARIOS)
+    assert main(["demo", "--scenario", "lr_too_hi"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown scenario 'lr_too_hi'" in err and "lr_too_high" in err
+
+
+def test_dead_layer_scenario_names_the_parameters_cut_off(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    main(["demo", "--scenario", "dead_layer", "--steps", "6", "--out", str(tmp_path)])
+    # bias -100 on Linear(64, 32) with inputs in [0, 1]: every pre-activation is below
+    # -100 + 64 * max|w| < 0 (default init |w| <= 1/8), so ReLU passes no gradient
+    assert "0.weight, 0.bias, 2.weight (steps 0-5)" in capsys.readouterr().out

@@ -1,0 +1,100 @@
+"""Findings in the web view: listed in the page's data and shaded on the panels they read."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+
+import pytest
+import torch
+
+from cockpit_core import Cockpit
+from cockpit_core.cli import main
+from cockpit_core.web import Feed, LogFollower
+
+STEPS = 6
+
+
+class Zero(torch.nn.Module):
+    def forward(self, x):
+        return 0.0 * x
+
+
+def _dead_log(path, diagnoses):
+    """Linear(4, 3) -> 0 x -> Tanh -> Linear(3, 2): three parameters get no gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), Zero(), torch.nn.Tanh(), torch.nn.Linear(3, 2)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    # a finding while training is also a CockpitWarning
+    with pytest.warns(Warning, match="dead_layers") if diagnoses else contextlib.nullcontext():
+        cp = Cockpit(model.named_parameters(), ["loss", "grad_norm"], log=path, diagnoses=diagnoses)
+        for step in range(STEPS):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+            opt.step()
+        cp.close()
+    return path
+
+
+def _panel(payload, panel_id):
+    return next(p for p in payload["panels"] if p["id"] == panel_id)
+
+
+def test_logged_finding_is_listed_and_shaded_on_the_grad_norm_panel(tmp_path):
+    log = _dead_log(tmp_path / "log.jsonl", ["dead_layers"])
+    follower = LogFollower(log, "run")
+    follower.poll()
+    (record,) = follower.findings.values()
+    # dead_layers needs 5 tracked steps: reported while training at step 4
+    assert record["id"] == "dead_layers@0" and (record["first_step"], record["last_step"]) == (0, 4)
+
+    payload = Feed([log]).payload()  # cockpit serve: only what the log recorded
+    (entry,) = payload["findings"]
+    assert entry["id"] == "dead_layers@0" and entry["severity"] == "warning"
+    assert entry["run"] == tmp_path.name  # the run folder's name
+    assert entry["panels"] == ["grad_norm"]  # dead_layers reads grad_norm only
+    (shape,) = _panel(payload, "grad_norm")["figure"]["layout"]["shapes"]
+    assert (shape["x0"], shape["x1"]) == (-0.5, 4.5) and shape["yref"] == "paper"
+    assert shape["name"] == "dead_layers@0" and shape["type"] == "rect"
+    assert "shapes" not in _panel(payload, "loss")["figure"]["layout"]
+
+
+def test_plot_html_runs_the_diagnoses_and_embeds_the_findings(tmp_path, capsys):
+    log = _dead_log(tmp_path / "dead.jsonl", None)  # no diagnoses while training
+    assert LogFollower(log, "dead").poll() and Feed([log]).payload()["findings"] == []
+    out = tmp_path / "dash.html"
+    assert main(["plot", str(log), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert '<div id="cockpit-findings"></div>' in page and "showFindings" in page
+    data = json.loads(
+        re.search(r'<script id="cockpit-data" type="application/json">(.*?)</script>', page)[1]
+    )
+    (entry,) = data["findings"]
+    # offline the whole log is seen: steps 0 to 5
+    assert entry["id"] == "dead_layers@0" and (entry["first_step"], entry["last_step"]) == (0, 5)
+    assert entry["message"].endswith("zero gradient: 0.weight, 0.bias, 3.weight")
+    (shape,) = _panel(data, "grad_norm")["figure"]["layout"]["shapes"]
+    assert (shape["x0"], shape["x1"]) == (-0.5, 5.5)
+
+
+def test_healthy_log_has_no_findings(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    log = tmp_path / "log.jsonl"
+    cp = Cockpit(model.named_parameters(), ["loss", "grad_norm"], log=log)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    for step in range(STEPS):
+        model.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    cp.close()
+    payload = Feed([log], diagnose=True).payload()
+    assert payload["findings"] == []
+    assert all("shapes" not in p["figure"]["layout"] for p in payload["panels"])
