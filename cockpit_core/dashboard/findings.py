@@ -2,7 +2,7 @@
 
 :func:`findings_banner` writes the most severe findings (see ``docs/diagnoses.md``) as
 lines of text above the panels, coloured by the worst severity. It only adds text to the
-figure; wiring it into ``cockpit plot`` and the live plot is left to the dashboard.
+figure; :func:`cockpit_core.dashboard.render` calls it for one run with findings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ COLORS = {"info": "#1f77b4", "warning": "#d98c00", "error": "#c62828"}
 
 
 def findings_banner(
-    fig: Any, findings: Iterable[Finding | Mapping[str, Any]], most: int = 3
+    fig: Any, findings: Iterable[Finding | Mapping[str, Any]], most: int = 3, y: float = 0.995
 ) -> Any:
     """Write the ``most`` most severe findings across the top of ``fig``; return the text.
 
@@ -26,6 +26,7 @@ def findings_banner(
         findings: :class:`~cockpit_core.diagnosis.Finding` objects or ``finding`` records
             (``read_run(path).findings``).
         most: How many lines to show; a last line counts the others.
+        y: Figure coordinate of the banner's top edge.
 
     Returns:
         The matplotlib ``Text`` artist, or ``None`` when there are no findings.
@@ -41,7 +42,7 @@ def findings_banner(
     worst = items[0].severity
     return fig.text(
         0.01,
-        0.995,
+        y,
         "\n".join(lines),
         ha="left",
         va="top",

@@ -134,7 +134,9 @@ def render(
     ncols = max(len(subcols), 2)
     width = ncols * pw
     wrapped = [w for line in note for w in textwrap.wrap(line, int(width * 15))]
-    top_in, col_title_in = 0.75, 0.45
+    findings = list(data.findings) if len(datas) == 1 else []  # a comparison: none
+    banner_lines = min(len(findings), 3) + (len(findings) > 3)
+    top_in, col_title_in = 0.75 + (0.2 * banner_lines + 0.2 if findings else 0.0), 0.45
     col_in = nrows * ph + col_title_in if subcols else 0.0
     bottom_in = 1.3 * ph if bottom else 0.0
     note_in = 0.22 * len(wrapped) + 0.25
@@ -146,6 +148,10 @@ def render(
     title = title or summary
     size = min(13.0, 13.0 * width * 8.5 / max(len(title), 1))  # keep a long title on the page
     fig.suptitle(title, x=0.01, ha="left", fontsize=size, fontweight="bold")
+    if findings:  # what the diagnoses found, under the title (docs/diagnoses.md)
+        from cockpit_core.dashboard.findings import findings_banner
+
+        findings_banner(fig, findings, y=1 - 0.62 / height)
     y_top = 1 - top_in / height
     left, right = 0.55 / width, 1 - 0.5 / width
     if subcols:

@@ -51,12 +51,14 @@ def load(source: Any) -> LogData:
     if not getattr(source, "keep_in_memory", True) and log is not None:
         return read_run(log.path)  # values were only streamed: every record is in the log
     if hasattr(source, "get_output") and hasattr(source, "header"):
-        return LogData(
+        data = LogData(
             dict(source.header()),
             source.get_output(),
             list(source.errors),
             list(getattr(source, "skipped", [])),
         )
+        data.findings.extend(f.to_record() for f in getattr(source, "findings", []))
+        return data
     if isinstance(source, Mapping):
         return LogData({}, {int(k): dict(v) for k, v in source.items()}, [])
     raise TypeError(
