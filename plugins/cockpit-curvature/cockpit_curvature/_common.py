@@ -17,6 +17,7 @@ from cockpit_core import (
     UnsupportedModelError,
     diag_ggn_mc,
 )
+from cockpit_curvature._lanczos import lanczos
 
 DiagCurvature = Literal["diag_hessian", "diag_ggn_exact", "diag_ggn_mc"]
 
@@ -98,6 +99,50 @@ def keep_until_next_step(
         if quantity.is_active(step):
             ctx.cache.put(key, vectors, expires_after=step)
             return
+
+
+def warm_lanczos(
+    matvec: Callable[[Tensor], Tensor],
+    start: Tensor | None,
+    dim: int,
+    generator: torch.Generator,
+    dtype: torch.dtype,
+    device: torch.device,
+    **options: Any,
+) -> tuple[Any, Tensor]:
+    """Lanczos (:func:`~cockpit_curvature._lanczos.lanczos`) from a warm or a random start.
+
+    Args:
+        matvec: ``v -> H v``.
+        start: The previous step's leading Ritz vectors ``[k + 1, D]`` (:func:`cached_start`)
+            or ``None`` (a random start from ``generator``).
+        dim: ``D``.
+        generator: The step's generator.
+        dtype: Dtype of the products.
+        device: Device of the products.
+        **options: ``k``, ``tol``, ``max_iter``, ``basis_size`` (and ``which``) of ``lanczos``.
+
+    Returns:
+        The Lanczos result and the vectors to keep for the next step's warm start (the
+        leading Ritz vectors and the next Lanczos vector).
+
+    """
+    # a warm block holds the previous k + 1 leading Ritz vectors, so the Ritz value next to
+    # the wanted ones approximates the spectral gap from the first products on
+    warm = start is not None and start.dim() == 2 and len(start) > options["k"]
+    if start is None:
+        start = torch.randn(dim, generator=generator, dtype=torch.float64)
+    result = lanczos(
+        matvec,
+        start.to(dtype=dtype, device=device),
+        generator=generator,
+        gap="ritz" if warm else "converged",
+        **options,
+    )
+    vectors = result.eigenvectors
+    if result.next_vector is not None:
+        vectors = torch.cat([vectors, result.next_vector])
+    return result, vectors.detach()
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

@@ -15,8 +15,8 @@ from cockpit_curvature._common import (
     keep_until_next_step,
     split_like,
     step_generator,
+    warm_lanczos,
 )
-from cockpit_curvature._lanczos import lanczos
 
 _CACHE_KEY = "eigenvectors"
 
@@ -109,30 +109,22 @@ class HessMaxEV(Quantity):
             return flatten(hv).to(dtype)
 
         start = self._warm_start(ctx, dim)
-        # a warm block holds the previous k + 1 leading Ritz vectors, so the Ritz value next
-        # to the wanted ones approximates the spectral gap from the first products on
-        gap = (
-            "ritz" if start is not None and start.dim() == 2 and len(start) > cfg.k else "converged"
-        )
-        if start is None:
-            start = torch.randn(dim, generator=gen, dtype=torch.float64)
         ctx.cache.pop(_CACHE_KEY)
-        result = lanczos(
+        result, keep = warm_lanczos(
             matvec,
-            start.to(dtype=dtype, device=device),
+            start,
+            dim,
+            gen,
+            dtype,
+            device,
             k=cfg.k,
             which=cfg.which,
             tol=cfg.tol,
             max_iter=cfg.max_iter,
             basis_size=cfg.basis_size,
-            generator=gen,
-            gap=gap,
         )
         if cfg.warm_start:
-            vectors = result.eigenvectors
-            if result.next_vector is not None:
-                vectors = torch.cat([vectors, result.next_vector])
-            self._keep(ctx, vectors.detach())
+            self._keep(ctx, keep)
         values = np.asarray(result.eigenvalues, dtype=np.float64)
         return {
             "value": float(values[0]),

@@ -16,8 +16,8 @@ from cockpit_curvature._common import (
     keep_until_next_step,
     split_like,
     step_generator,
+    warm_lanczos,
 )
-from cockpit_curvature._lanczos import lanczos
 from cockpit_curvature._slq import PAD, broaden, slq
 
 _CACHE_KEY = "eigenvectors"
@@ -140,25 +140,21 @@ class HessSpectrum(Quantity):
             matvec, dim, cfg.slq_probes, cfg.slq_steps, cfg.slq_distribution, gen, dtype, device
         )
         start = self._warm_start(ctx, dim)
-        gap = "ritz" if start is not None and len(start) > cfg.k else "converged"
-        if start is None:
-            start = torch.randn(dim, generator=gen, dtype=torch.float64)
         ctx.cache.pop(_CACHE_KEY)
-        result = lanczos(
+        result, keep = warm_lanczos(
             matvec,
-            start.to(dtype=dtype, device=device),
+            start,
+            dim,
+            gen,
+            dtype,
+            device,
             k=cfg.k,
             tol=cfg.tol,
             max_iter=cfg.max_iter,
             basis_size=cfg.basis_size,
-            generator=gen,
-            gap=gap,
         )
         if cfg.warm_start:
-            vectors = result.eigenvectors
-            if result.next_vector is not None:
-                vectors = torch.cat([vectors, result.next_vector])
-            self._keep(ctx, vectors.detach())
+            self._keep(ctx, keep)
         top = np.asarray(result.eigenvalues, dtype=np.float64)
         grid, density, sigma = broaden(quad.nodes, quad.weights, cfg.sigma, cfg.grid, also=top)
         return {
