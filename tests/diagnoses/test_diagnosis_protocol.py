@@ -143,6 +143,12 @@ def test_hook_register_diagnoses(tmp_path):
     # cp.write keeps the findings in the consolidated file
     written = read_run(result.cockpit.write(tmp_path / "output.json"))
     assert [Finding.from_record(r) for r in written.findings] == [finding]
+    # and the dashboard of the run (the Cockpit's and the log's) shows it in its banner
+    from cockpit_core.dashboard import render
+
+    for source in (result.cockpit, tmp_path / "log.jsonl"):
+        texts = [t.get_text() for t in render(source).texts]
+        assert any("loss_above: loss is high" in t for t in texts), source
 
 
 def test_unknown_names_and_bad_options_are_clear_errors():
