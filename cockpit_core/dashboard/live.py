@@ -26,7 +26,6 @@ from typing import Any
 
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log import LogData
-from cockpit_core.metrics import METRICS_KEY
 
 CLOSE_TIMEOUT = 300.0
 """Seconds :meth:`LivePlot.close` waits for the renderer process's last picture."""
@@ -95,24 +94,12 @@ class LivePlot:
 
     def _take(self, record: dict[str, Any]) -> bool:
         """Add ``record`` to :attr:`data`; ``True`` if a picture is due."""
+        self.data.add(record)
         kind = record.get("kind")
-        if kind == "header":
-            self.data.header = {k: v for k, v in record.items() if k != "kind"}
-        elif kind == "error":
-            self.data.errors.append(dict(record))
-        elif kind == "skipped":
-            self.data.skipped.append(dict(record))
-        elif kind == "metrics":
-            row = self.data.output.setdefault(int(record["step"]), {})
-            row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **record["metrics"]}
+        if kind == "metrics":
             self._unshown_metrics = True
-        elif kind == "quantity_added":
-            quantities = list(self.data.header.get("quantities") or [])
-            quantities.append({**record["quantity"], "added_at": record["step"]})
-            self.data.header = {**self.data.header, "quantities": quantities}
         elif kind == "values":
             step = int(record["step"])
-            self.data.output.setdefault(step, {}).update(record["values"])
             self._newest = step if self._newest is None else max(self._newest, step)
             return self._last is None or self._newest - self._last >= self.every
         return False

@@ -15,7 +15,7 @@ import functools
 import json
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -65,6 +65,31 @@ class LogData:
     def metrics(self) -> dict[int, dict[str, Any]]:
         """``{step: {name: value}}`` of the steps with metrics logged by ``cp.log``."""
         return metrics_of(self.output)
+
+    def add(self, record: Mapping[str, Any]) -> None:
+        """Fold one record of a running Cockpit (what its sinks receive) into this data.
+
+        For readers that follow a single run as it is written (the live plot, sinks that
+        draw the dashboard); :func:`read_run` reads whole files with several runs.
+        """
+        kind = record.get("kind")
+        if kind == "header":
+            self.header = {k: v for k, v in record.items() if k != "kind"}
+        elif kind == "values":
+            self.output.setdefault(int(record["step"]), {}).update(record["values"])
+        elif kind == "metrics":
+            row = self.output.setdefault(int(record["step"]), {})
+            row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **record["metrics"]}
+        elif kind == "error":
+            self.errors.append(dict(record))
+        elif kind == "skipped":
+            self.skipped.append(dict(record))
+        elif kind == "quantity_added":
+            quantities = list(self.header.get("quantities") or [])
+            quantities.append({**record["quantity"], "added_at": record["step"]})
+            self.header = {**self.header, "quantities": quantities}
+        elif kind == "finding":
+            self.findings.append({k: v for k, v in record.items() if k != "kind"})
 
 
 def _limits(max_line_bytes: int | None, max_array_elements: int | None) -> tuple[int, int]:

@@ -10,7 +10,6 @@ import numpy as np
 
 from cockpit_core.dashboard import render
 from cockpit_core.log import LogData
-from cockpit_core.metrics import METRICS_KEY
 
 
 class DashboardImages:
@@ -39,24 +38,12 @@ class DashboardImages:
 
     def add(self, record: Mapping[str, Any]) -> int | None:
         """Take one record; return the step to draw an image for now, or ``None``."""
+        self.data.add(record)
         kind = record.get("kind")
-        if kind == "header":
-            self.data.header = {k: v for k, v in record.items() if k != "kind"}
-        elif kind == "error":
-            self.data.errors.append(dict(record))
-        elif kind == "skipped":
-            self.data.skipped.append(dict(record))
-        elif kind == "quantity_added":
-            quantities = [*self.data.header.get("quantities", [])]
-            quantities.append({**record["quantity"], "added_at": record["step"]})
-            self.data.header = {**self.data.header, "quantities": quantities}
-        elif kind == "metrics":
-            row = self.data.output.setdefault(int(record["step"]), {})
-            row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **record["metrics"]}
+        if kind == "metrics":
             self._unshown = True
         elif kind == "values":
             step = int(record["step"])
-            self.data.output.setdefault(step, {}).update(record["values"])
             self._newest = step if self._newest is None else max(self._newest, step)
             self._unshown = True
             if self._last is None:
