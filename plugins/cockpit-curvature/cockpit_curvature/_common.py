@@ -78,6 +78,17 @@ def hessian_matvec(ctx: StepContext) -> Callable[[Tensor], Tensor]:
     return matvec
 
 
+def native_matvec(ctx: StepContext) -> Callable[[Tensor], Tensor]:
+    """``v -> H v`` on flat vectors in the parameters' dtype and device (Lanczos' products)."""
+    params = ctx.params
+    dtype = params[0].dtype
+
+    def matvec(vector: Tensor) -> Tensor:
+        return flatten(ctx.hvp(split_like(vector.to(dtype), params))).to(dtype)
+
+    return matvec
+
+
 def cached_start(ctx: StepContext, key: str, dim: int, enabled: bool) -> Tensor | None:
     """Ritz vectors a quantity cached at its previous tracked step (a Lanczos warm start).
 

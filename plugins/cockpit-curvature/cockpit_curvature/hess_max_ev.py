@@ -11,9 +11,8 @@ from pydantic import Field, model_validator
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
 from cockpit_curvature._common import (
     cached_start,
-    flatten,
     keep_until_next_step,
-    split_like,
+    native_matvec,
     step_generator,
     warm_lanczos,
 )
@@ -104,10 +103,7 @@ class HessMaxEV(Quantity):
         gen = step_generator(cfg.seed, ctx.step)
         dim = sum(p.numel() for p in params)
 
-        def matvec(vector: torch.Tensor) -> torch.Tensor:
-            hv = ctx.hvp(split_like(vector.to(dtype), params))
-            return flatten(hv).to(dtype)
-
+        matvec = native_matvec(ctx)
         start = self._warm_start(ctx, dim)
         ctx.cache.pop(_CACHE_KEY)
         result, keep = warm_lanczos(

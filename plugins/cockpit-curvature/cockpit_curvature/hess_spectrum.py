@@ -12,9 +12,8 @@ from pydantic import Field, model_validator
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
 from cockpit_curvature._common import (
     cached_start,
-    flatten,
     keep_until_next_step,
-    split_like,
+    native_matvec,
     step_generator,
     warm_lanczos,
 )
@@ -132,9 +131,7 @@ class HessSpectrum(Quantity):
         gen = step_generator(cfg.seed, ctx.step)
         dim = sum(p.numel() for p in params)
 
-        def matvec(vector: torch.Tensor) -> torch.Tensor:
-            return flatten(ctx.hvp(split_like(vector.to(dtype), params))).to(dtype)
-
+        matvec = native_matvec(ctx)
         # probes first: their random numbers do not depend on a warm or cold start
         quad = slq(
             matvec, dim, cfg.slq_probes, cfg.slq_steps, cfg.slq_distribution, gen, dtype, device
