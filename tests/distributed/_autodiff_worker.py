@@ -8,17 +8,15 @@ writes ``OUT_DIR/rank{RANK}.pt``: the output and the provider serving each param
 
 from __future__ import annotations
 
-import datetime
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _autodiff_problem import PROBLEM, QUANTITIES, STEPS, info_of  # noqa: E402
-from _worker import weighted_average_hook  # noqa: E402
+from _worker import serve, weighted_average_hook  # noqa: E402
 
 from cockpit_core import Cockpit  # noqa: E402
 
@@ -45,21 +43,5 @@ def run(rank: int) -> dict:
     return {"output": cp.get_output(), "check": str(cp.check(model))}
 
 
-def main() -> None:
-    rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        torch.save(run(rank), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    serve(lambda rank, out_dir: run(rank))

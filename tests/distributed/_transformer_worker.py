@@ -9,13 +9,11 @@ of the module owning it.
 
 from __future__ import annotations
 
-import datetime
 import sys
 import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -27,7 +25,7 @@ from _transformer_problem import (  # noqa: E402
     make_model,
     owner_types,
 )
-from _worker import weighted_average_hook  # noqa: E402
+from _worker import serve, weighted_average_hook  # noqa: E402
 
 from cockpit_core import Cockpit, CockpitWarning  # noqa: E402
 
@@ -61,23 +59,11 @@ def run(rank: int, sizes: tuple[int, ...]) -> dict:
     }
 
 
-def main() -> None:
-    rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    warnings.simplefilter("error", CockpitWarning)  # e.g. a run-time fallback to torch.func
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
-    try:
-        results = {sizes: run(rank, sizes) for sizes in CONFIGS}
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def compute_all(rank: int, out_dir: Path) -> dict:
+    """Every configuration; a run-time fallback warning (e.g. to torch.func) is an error."""
+    warnings.simplefilter("error", CockpitWarning)
+    return {sizes: run(rank, sizes) for sizes in CONFIGS}
 
 
 if __name__ == "__main__":
-    main()
+    serve(compute_all)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -111,7 +113,11 @@ def write_logs(rank: int, out_dir: Path) -> None:
         cp.close()
 
 
-def main() -> None:
+def serve(compute: Callable[[int, Path], Any]) -> None:
+    """Run ``compute(rank, out_dir)`` as one gloo process; save its result as ``rank<r>.pt``.
+
+    The command line is ``RANK WORLD PORT OUT_DIR`` (what the tests' launcher passes).
+    """
     rank, world, port, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -122,18 +128,23 @@ def main() -> None:
         timeout=datetime.timedelta(seconds=60),
     )
     try:
-        results = {}
-        for provider in PROVIDERS:
-            for name, sizes in CONFIGS:
-                results[(name, sizes, provider)] = run(rank, getattr(torch, name), sizes, provider)
-            results[("float64", "accumulate 2x16", provider)] = run_accumulated(
-                rank, torch.float64, 16, provider
-            )
-        write_logs(rank, Path(out_dir))
-        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        torch.save(compute(rank, Path(out_dir)), Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
+def compute_all(rank: int, out_dir: Path) -> dict:
+    """Every configuration of this worker, and the logs of rank ``rank``."""
+    results = {}
+    for provider in PROVIDERS:
+        for name, sizes in CONFIGS:
+            results[(name, sizes, provider)] = run(rank, getattr(torch, name), sizes, provider)
+        results[("float64", "accumulate 2x16", provider)] = run_accumulated(
+            rank, torch.float64, 16, provider
+        )
+    write_logs(rank, out_dir)
+    return results
+
+
 if __name__ == "__main__":
-    main()
+    serve(compute_all)
