@@ -149,6 +149,12 @@ class Window:
             out.append(_as_float(value))
         return np.asarray(steps, dtype=np.int64), np.asarray(out, dtype=np.float64)
 
+    def finite_series(self, key: str, *path: str) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`series` without the steps whose value is missing or not finite."""
+        steps, values = self.series(key, *path)
+        ok = np.isfinite(values)
+        return steps[ok], values[ok]
+
     def per_param(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """Steps and ``[steps, params]`` float64 values of ``key``'s ``per_param`` entry.
 

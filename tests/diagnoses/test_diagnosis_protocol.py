@@ -88,6 +88,8 @@ def test_window_series_reads_fields_and_marks_missing_values_nan():
     window = Window({2: {"a": {"total": 1.5}}, 0: {"a": {"total": "x"}}, 1: {"b": 1}})
     steps, values = window.series("a", "total")
     assert steps.tolist() == [0, 2] and np.isnan(values[0]) and values[1] == 1.5
+    steps, values = window.finite_series("a", "total")
+    assert steps.tolist() == [2] and values.tolist() == [1.5]
     out = {0: {"g": {"per_param": np.array([1.0, 2.0])}}, 1: {"g": {"per_param": [3.0]}}}
     steps, per = Window(out).per_param("g")
     assert steps.tolist() == [0] and per.tolist() == [[1.0, 2.0]]

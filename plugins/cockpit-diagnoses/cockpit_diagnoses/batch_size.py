@@ -60,9 +60,7 @@ class BatchSize(Diagnosis):
         limits["ortho_test"] = cfg.ortho_nu
         found = []
         for test, (symbol, paper) in TESTS.items():
-            steps, value = window.series(test, "total")
-            ok = np.isfinite(value)
-            steps, value = steps[ok], value[ok]
+            steps, value = window.finite_series(test, "total")
             limit = limits[test]
             flags = value > limit
             for first, last, count in persistent_spans(steps, flags, cfg.window, cfg.fraction):

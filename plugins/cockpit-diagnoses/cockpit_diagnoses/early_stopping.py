@@ -36,9 +36,7 @@ class EarlyStopping(Diagnosis):
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches whose windowed mean criterion is positive."""
         cfg = self.config
-        steps, value = window.series("early_stopping", "total")
-        ok = np.isfinite(value)
-        steps, value = steps[ok], value[ok]
+        steps, value = window.finite_series("early_stopping", "total")
         w = cfg.window
         if len(value) < w:
             return []

@@ -39,9 +39,7 @@ class GSNRCollapse(Diagnosis):
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches of collapsed mean GSNR."""
         cfg = self.config
-        steps, gsnr = window.series("mean_gsnr", "total")
-        ok = np.isfinite(gsnr)
-        steps, gsnr = steps[ok], gsnr[ok]
+        steps, gsnr = window.finite_series("mean_gsnr", "total")
         ref = reference_value(gsnr, cfg.reference)
         if len(gsnr) <= cfg.reference or not ref > 0:
             return []

@@ -39,9 +39,7 @@ class LossPlateau(Diagnosis):
     def check(self, window: Window) -> list[Finding]:
         """Return the merged stretches of flat windows."""
         cfg = self.config
-        steps, loss = window.series("loss")
-        ok = np.isfinite(loss)
-        steps, loss = steps[ok], loss[ok]
+        steps, loss = window.finite_series("loss")
         w = cfg.window
         stretches: list[list] = []
         for i in range(len(loss) - w + 1):

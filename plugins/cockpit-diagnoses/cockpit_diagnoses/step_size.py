@@ -42,9 +42,7 @@ class StepSize(Diagnosis):
     def check(self, window: Window) -> list[Finding]:
         """Return the overshooting and undershooting stretches of alpha."""
         cfg = self.config
-        steps, alpha = window.series("alpha", "alpha")
-        ok = np.isfinite(alpha)
-        steps, alpha = steps[ok], alpha[ok]
+        steps, alpha = window.finite_series("alpha", "alpha")
         found = []
         cases = (
             ("overshoot", alpha > cfg.overshoot, cfg.overshoot, "above"),
