@@ -379,8 +379,9 @@ def render(report: dict) -> str:
         f"{m['date']}, {m['platform']}, {m['cpus']} CPUs, {m['threads']} torch threads, "
         f"torch {m['torch']}, curvlinops {m['curvlinops']}. Load average (1/5/15 min) "
         f"before {', '.join(f'{v:.1f}' for v in m['load_before'])}, after "
-        f"{', '.join(f'{v:.1f}' for v in m['load_after'])} (other engineers' processes on "
-        "the same 2 cores: wall times are inflated and noisy; product counts are exact). "
+        f"{', '.join(f'{v:.1f}' for v in m['load_after'])} (a load near the core "
+        "count means other processes shared the cores and inflated the wall times; product "
+        "counts are exact). "
         f"Median over {report['seeds']} seeds. Run: `.venv/bin/python "
         f"benchmarks/curvature_peers.py` ({report['seconds']:.0f} s).",
         "",

@@ -120,16 +120,16 @@ class Registry:
         version: str = "0",
     ) -> PluginInfo:
         """Register a plugin object (e.g. a module with hook implementations) directly."""
-        try:
-            hash(plugin)
-        except TypeError:  # e.g. a SimpleNamespace: pluggy keeps plugins in sets
-            plugin = _hashable_copy(plugin)
         info = PluginInfo(
             name=name or str(getattr(plugin, "__name__", repr(plugin))),
             distribution=distribution,
             version=version,
             module=getattr(plugin, "__name__", ""),
         )
+        try:
+            hash(plugin)
+        except TypeError:  # e.g. a SimpleNamespace: pluggy keeps plugins in sets
+            plugin = _hashable_copy(plugin)
         self.plugins.append(info)
         if _plugins.load_plugin(self.plugin_manager, plugin, info):
             self._collect(info)
