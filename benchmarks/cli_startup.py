@@ -7,7 +7,7 @@ median wall-clock time and the median CPU time of the process (user + system, fr
 cores), and, from one more run under ``python -X importtime``, whether torch was imported,
 which top-level import pulled it in, and the slowest top-level imports.
 
-Two variants of the package:
+Two variants of the package for ``--help`` and ``--version``:
 
 - ``installed``: the package as it is, started like the ``cockpit`` console script
   (``python .venv/bin/cockpit ...``);
@@ -18,9 +18,16 @@ Two variants of the package:
   what the command costs once ``import cockpit_core`` is cheap; its output is compared with
   the installed variant's.
 
+``cockpit plugins -v`` runs twice per round, with a listing cache of its own (a temporary
+``XDG_CACHE_HOME``): ``cold`` with ``--refresh`` (imports every plugin and torch, rewrites
+the cache), then ``warm`` (served from the cache that run wrote; see
+:mod:`cockpit_core.plugin_listing`). The report counts the warm runs that were served from
+the cache (``-v`` says so on standard error): a file of the core or of a plugin edited
+during the measurement invalidates it.
+
 Writes ``benchmarks/results/cli_startup.md``::
 
-    .venv/bin/python benchmarks/cli_startup.py [--repeats 3]
+    .venv/bin/python benchmarks/cli_startup.py [--repeats 3] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -37,6 +44,11 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+
+CACHE_NOTE = "(listed from cache of "
+"""How ``cockpit plugins -v`` starts the line that says the listing came from the cache."""
+
+COLD, WARM = "cold (cache refreshed)", "warm (from cache)"
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cockpit_core"
@@ -93,28 +105,32 @@ def commands(python: str, launcher: Path) -> list[tuple[str, str, list[str]]]:
         ("import torch", "interpreter", [python, "-c", "import torch"]),
         ("import cockpit_core", "installed", [python, "-c", "import cockpit_core"]),
     ]
-    for args in (["--help"], ["--version"], ["plugins"]):
+    for args in (["--help"], ["--version"]):
         label = "cockpit " + " ".join(args)
         rows.append((label, "installed", [python, script, *args]))
         rows.append((label, "lazy __init__", [python, str(launcher), *args]))
+    rows.append(
+        ("cockpit plugins -v --refresh", COLD, [python, script, "plugins", "-v", "--refresh"])
+    )
+    rows.append(("cockpit plugins -v", WARM, [python, script, "plugins", "-v"]))
     return rows
 
 
-def timed(argv: list[str]) -> tuple[float, float, str]:
-    """Wall-clock seconds, CPU seconds (user + system) and standard output of one run."""
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str, str]:
+    """Wall-clock seconds, CPU seconds (user + system), standard output and error of one run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, out.stdout
+    return wall, cpu, out.stdout, out.stderr
 
 
-def import_profile(argv: list[str]) -> dict:
+def import_profile(argv: list[str], env: dict[str, str]) -> dict:
     """Torch imported?, the chain of imports that pulled it in, the slowest top-level ones."""
     err = subprocess.run(
-        [argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True, cwd=ROOT
+        [argv[0], "-X", "importtime", *argv[1:]], capture_output=True, text=True, cwd=ROOT, env=env
     ).stderr
     top, chain, parent_depth = [], [], -1
     for line in err.splitlines():  # a module's line follows those of the imports it made
@@ -139,10 +155,15 @@ def main() -> None:
     parser.add_argument(
         "--output", default=str(Path(__file__).parent / "results" / "cli_startup.md")
     )
+    parser.add_argument(
+        "--note", default="", help="a sentence for the report, e.g. on the machine's load"
+    )
     args = parser.parse_args()
     python = sys.executable
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "COCKPIT_NO_CACHE"}
+        env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")  # the user's cache stays untouched
         launcher = Path(tmp) / "cockpit_lazy.py"
         launcher.write_text(
             LAUNCHER.format(
@@ -152,21 +173,26 @@ def main() -> None:
         rows = commands(python, launcher)
         times: dict[tuple[str, str], list[tuple[float, float]]] = {}
         outputs: dict[tuple[str, str], str] = {}
+        hits = 0
         for _ in range(args.repeats):
             for label, variant, argv in rows:
-                wall, cpu, out = timed(argv)
+                wall, cpu, out, err = timed(argv, env)
                 times.setdefault((label, variant), []).append((wall, cpu))
                 outputs[(label, variant)] = out
-                print(f"{label:22s} {variant:14s} wall {wall:6.2f}s  cpu {cpu:6.2f}s", flush=True)
-        profiles = {(label, variant): import_profile(argv) for label, variant, argv in rows}
+                hits += variant == WARM and CACHE_NOTE in err
+                print(f"{label:28s} {variant:22s} wall {wall:6.2f}s  cpu {cpu:6.2f}s", flush=True)
+        profiles = {(label, variant): import_profile(argv, env) for label, variant, argv in rows}
     load_after = os.getloadavg()
     path = Path(args.output)
-    path.write_text(render(args.repeats, times, outputs, profiles, load_before, load_after))
+    path.write_text(
+        render(args.repeats, times, outputs, profiles, (load_before, load_after), hits, args.note)
+    )
     print(f"wrote {path}")
 
 
-def render(repeats, times, outputs, profiles, load_before, load_after) -> str:
+def render(repeats, times, outputs, profiles, loads, hits, note) -> str:
     """The Markdown report."""
+    load_before, load_after = loads
     medians = {
         key: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
         for key, runs in times.items()
@@ -182,10 +208,13 @@ def render(repeats, times, outputs, profiles, load_before, load_after) -> str:
         "(user + system of the process) is the steadier number. Medians of "
         f"{repeats} fresh processes each.",
         "",
+        *([note, ""] if note else []),
         "`installed`: the package as it is (`python .venv/bin/cockpit ...`). `lazy __init__`: "
         "the same CLI with a PEP 562 lazy stand-in for `cockpit_core/__init__.py` (see the "
         "script's docstring), i.e. what the command costs once `import cockpit_core` no longer "
-        "imports torch.",
+        "imports torch. `cold` / `warm`: `cockpit plugins -v` with `--refresh` (imports the "
+        "plugins and rewrites the listing cache) and then without (served from that cache), "
+        "with a cache folder of the benchmark's own.",
         "",
         "| command | variant | wall (s) | CPU (s) | torch imported | imported through | slowest "
         "top-level imports (cumulative ms) |",
@@ -204,9 +233,13 @@ def render(repeats, times, outputs, profiles, load_before, load_after) -> str:
         for label, variant in times
         if variant == "lazy __init__" and outputs[(label, variant)] == outputs[(label, "installed")]
     ]
+    cold = outputs[("cockpit plugins -v --refresh", COLD)]
+    warm = outputs[("cockpit plugins -v", WARM)]
     lines += [
         "",
         f"Same standard output in both variants: {', '.join(f'`{s}`' for s in same) or 'none'}.",
+        f"`cockpit plugins -v`: warm runs served from the cache: {hits} of {repeats}; standard "
+        f"output {'the same as' if warm == cold else 'different from'} the cold run's.",
         "",
         *findings(medians, profiles),
     ]
@@ -221,7 +254,8 @@ def findings(medians, profiles) -> list[str]:
 
     torch_cpu = cpu("import torch", "interpreter")
     via = profiles[("import cockpit_core", "installed")]["via"] or "-"
-    plugins_via = profiles[("cockpit plugins", "lazy __init__")]["via"] or "-"
+    plugins_via = profiles[("cockpit plugins -v --refresh", COLD)]["via"] or "-"
+    warm_torch = profiles[("cockpit plugins -v", WARM)]["torch"]
     out = ["## What it shows", ""]
     for label in ("cockpit --help", "cockpit --version"):
         torch_loaded = profiles[(label, "installed")]["torch"]
@@ -238,11 +272,15 @@ def findings(medians, profiles) -> list[str]:
             f"({cpu(label, 'lazy __init__'):.2f} s with the script's lazy stand-in): {why}."
         )
     out += [
-        f"- `cockpit plugins`: {cpu('cockpit plugins', 'installed'):.2f} s as installed: "
-        f"torch is imported (through `{plugins_via}`). The registry imports the quantity, "
-        "provider and panel base classes, and every plugin module defines its quantities "
-        "as subclasses of `Quantity`, so listing plugins without torch would need plugins "
-        "that register names without importing their classes (not done).",
+        f"- `cockpit plugins` cold (`--refresh`): {cpu('cockpit plugins -v --refresh', COLD):.2f} "
+        f"s: torch is imported (through `{plugins_via}`). The registry imports the quantity, "
+        "provider and panel base classes, and every plugin module defines its quantities as "
+        "subclasses of `Quantity`, so loading the plugins needs torch.",
+        f"- `cockpit plugins` warm: {cpu('cockpit plugins -v', WARM):.2f} s, torch "
+        f"{'imported' if warm_torch else 'not imported'}: the listing of the last full load is "
+        "served from the cache (`cockpit_core/plugin_listing.py`) while its fingerprint "
+        "(interpreter, installed distributions, `cockpit` entry points, files of the plugin "
+        "packages and of `cockpit_core`, `COCKPIT_PLUGINS_DIR`) is unchanged.",
         "",
     ]
     return out

@@ -2,7 +2,8 @@
 
 Sub-commands::
 
-    cockpit plugins [-v] [--json]   installed plugins, what they register, load errors
+    cockpit plugins [-v] [--json] [--refresh]
+                                    installed plugins, what they register, load errors
     cockpit quantities [--json]     installed quantities with their options
     cockpit schema                  JSON schema of config files (for editor autocomplete)
     cockpit validate CONFIG         check a config file (exit code 0 valid, 1 invalid)
@@ -102,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="list installed plugins and load errors",
         description="List the installed cockpit plugins (distributions with a `cockpit` entry "
         "point), each with its version, its state (ok, or SKIPPED with the reason) and what it "
-        "registers, then name conflicts between plugins.",
+        "registers, then name conflicts between plugins. Listing needs to load the plugins "
+        "(and torch); the listing is cached in ~/.cache/cockpit and reused while no installed "
+        "distribution, entry point, plugin file or COCKPIT_PLUGINS_DIR changed.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
@@ -110,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--verbose",
         action="store_true",
         help="also list each plugin's hooks, instruments and statistic kinds",
+    )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="import the plugins even if the cached listing is still valid, and rewrite it "
+        "(COCKPIT_NO_CACHE=1: no cache at all)",
     )
     p.set_defaults(func=commands.cmd_plugins)
 

@@ -36,61 +36,48 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     """List plugins with their state and name conflicts between them.
 
     Without ``-v`` each plugin shows its quantities, presets, providers, sinks and
-    diagnoses; with
-    ``-v`` also the hooks it implements, its instruments, statistic kinds and the reason its
-    panels and sinks were skipped, if they were. ``--json`` always has everything.
-    """
-    from cockpit_core.registry import default_registry
+    diagnoses; with ``-v`` also the hooks it implements, its instruments, statistic kinds and
+    the reason its panels and sinks were skipped, if they were. ``--json`` always has
+    everything.
 
-    registry = default_registry()
-    conflicts = [str(err) for err in registry.conflicts.values()]
-    extension_errors = getattr(registry, "extension_errors", {})
-    rows = [
-        {
-            "name": p.name,
-            "distribution": p.distribution,
-            "version": p.version,
-            "module": p.module,
-            "ok": p.ok,
-            "error": p.error,
-            "hooks": p.hooks,
-            "quantities": p.quantities,
-            "presets": p.presets,
-            "instruments": p.instruments,
-            "sinks": p.sinks,
-            "providers": p.providers,
-            "kinds": p.kinds,
-            "diagnoses": p.diagnoses,
-            "extension_error": extension_errors.get(p.name),
-            "conflicts": [c for c in conflicts if f"'{p.distribution}'" in c],
-        }
-        for p in registry.plugins
-    ]
+    The listing comes from a cache while nothing it depends on changed (installed
+    distributions, entry points, plugin and core files, ``COCKPIT_PLUGINS_DIR``), so that
+    listing does not import torch or the plugins; see :mod:`cockpit_core.plugin_listing`.
+    Its output is that of a full load; with ``-v`` one more line on standard error says the
+    listing came from the cache. ``--refresh`` (or ``COCKPIT_NO_CACHE=1``) loads the plugins.
+    """
+    from cockpit_core.plugin_listing import cache_note, plugin_listing
+
+    listing = plugin_listing(refresh=getattr(args, "refresh", False))
+    rows = listing.rows
+    verbose = getattr(args, "verbose", False)
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
-    verbose = getattr(args, "verbose", False)
-    listed = (
-        _PLUGIN_LISTING
-        if verbose
-        else tuple(
-            (key, key) for key in ("quantities", "presets", "providers", "sinks", "diagnoses")
+    else:
+        listed = (
+            _PLUGIN_LISTING
+            if verbose
+            else tuple(
+                (key, key) for key in ("quantities", "presets", "providers", "sinks", "diagnoses")
+            )
         )
-    )
-    if not rows:
-        print("No cockpit plugins installed. Install one, e.g. `pip install cockpit-basic`.")
-    for r in rows:
-        state = "ok" if r["ok"] else f"SKIPPED: {r['error']}"
-        print(f"{r['name']}  ({r['distribution']} {r['version']})  {state}")
-        for key, label in listed:
-            if r[key]:
-                print(f"    {label}: {', '.join(r[key])}")
-        if verbose and r["extension_error"]:
-            print(f"    panels/sinks skipped: {r['extension_error']}")
-    for name, err in registry.conflicts.items():
-        print(f"CONFLICT {name}: {err}")
-    for message in extension_errors.values():
-        print(f"PANELS/SINKS SKIPPED {message}")
+        if not rows:
+            print("No cockpit plugins installed. Install one, e.g. `pip install cockpit-basic`.")
+        for r in rows:
+            state = "ok" if r["ok"] else f"SKIPPED: {r['error']}"
+            print(f"{r['name']}  ({r['distribution']} {r['version']})  {state}")
+            for key, label in listed:
+                if r[key]:
+                    print(f"    {label}: {', '.join(r[key])}")
+            if verbose and r["extension_error"]:
+                print(f"    panels/sinks skipped: {r['extension_error']}")
+        for name, message in listing.conflicts:
+            print(f"CONFLICT {name}: {message}")
+        for message in listing.extension_errors:
+            print(f"PANELS/SINKS SKIPPED {message}")
+    if verbose and listing.cached_at is not None:
+        sys.stdout.flush()  # the note is the last line, also when both go to one terminal
+        print(cache_note(listing), file=sys.stderr)
     return 0
 
 

@@ -9,6 +9,19 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_plugin_listing_cache():
+    """Keep ``cockpit plugins`` (in-process and in subprocesses) off the user's listing cache.
+
+    Tests monkeypatch plugins into place, which the cache's fingerprint cannot see, and must
+    not write to the home folder; ``tests/core/test_plugin_listing_cache.py`` turns it back on.
+    Session-wide, so that module-scoped fixtures copying ``os.environ`` see it too.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COCKPIT_NO_CACHE", "1")
+        yield
+
+
 @pytest.fixture
 def fake_distribution(tmp_path, monkeypatch):
     """Create an installed-looking distribution with an entry point in group ``cockpit``.

@@ -66,6 +66,7 @@ def walkthrough(tmp_path_factory):
         PIP_NO_INDEX="1",
         PIP_NO_BUILD_ISOLATION="0",
         PIP_DISABLE_PIP_VERSION_CHECK="1",
+        XDG_CACHE_HOME=str(tmp_path_factory.mktemp("cache")),  # `cockpit plugins`' cache
     )
     if _installed():  # a leftover of an interrupted run
         _uninstall(env)

@@ -85,7 +85,7 @@ def test_cockpit_plugins_reports_broken_plugins(fake_distribution):
         "fakeplug_hook",
         "from cockpit_core import hookimpl\n\n@hookimpl\ndef register_quantities(register):\n    register(42)\n",
     )
-    env = {"PYTHONPATH": str(site), "PATH": ""}
+    env = {"PYTHONPATH": str(site), "PATH": "", "COCKPIT_NO_CACHE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "cockpit_core", "plugins", "--json"],
         env=env,
@@ -118,7 +118,7 @@ def test_a_plugin_exiting_at_import_does_not_stop_any_command(fake_distribution,
         "from cockpit_core import hookimpl\n\n@hookimpl\n"
         "def register_presets(register):\n    raise SystemExit('bye')\n",
     )
-    env = {"PYTHONPATH": str(site), "PATH": ""}
+    env = {"PYTHONPATH": str(site), "PATH": "", "COCKPIT_NO_CACHE": "1"}
     config = tmp_path / "c.toml"
     config.write_text('quantities = ["loss", "grad_norm"]\n')
 
