@@ -1,16 +1,25 @@
-"""A banner of diagnosis findings across the top of a dashboard figure.
+"""Diagnosis findings on the dashboard: the banner, and which panels a finding marks.
 
 :func:`findings_banner` writes the most severe findings (see ``docs/diagnoses.md``) as
 lines of text above the panels, coloured by the worst severity. It only adds text to the
-figure; :func:`cockpit_core.dashboard.render` calls it for one run with findings.
+figure; :func:`cockpit_core.dashboard.render` calls it for one run with findings, and
+:mod:`cockpit_core.dashboard.markers` shades each finding's steps on the panels it marks.
+
+:func:`diagnosis_reads` and :func:`marks` decide which panels those are, for this
+dashboard and the web view (:mod:`cockpit_core.web.findings`) alike: a panel that shows a
+quantity the finding's diagnosis reads (looked up in the installed diagnoses). A
+diagnosis not installed, or one that reads no quantity (``nonfinite``), marks no panel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cockpit_core.diagnosis import Finding, severity_rank
+
+if TYPE_CHECKING:
+    from cockpit_core.registry import Registry
 
 COLORS = {"info": "#1f77b4", "warning": "#d98c00", "error": "#c62828"}
 """Banner colour of each severity."""
@@ -32,7 +41,7 @@ def findings_banner(
         The matplotlib ``Text`` artist, or ``None`` when there are no findings.
 
     """
-    items = [f if isinstance(f, Finding) else Finding.from_record(f) for f in findings]
+    items = as_findings(findings)
     if not items:
         return None
     items.sort(key=lambda f: (-severity_rank(f.severity), f.first_step, f.id))
@@ -51,3 +60,34 @@ def findings_banner(
         bbox={"boxstyle": "round,pad=0.4", "facecolor": COLORS[worst], "edgecolor": "none"},
         gid="cockpit-findings-banner",
     )
+
+
+def as_findings(findings: Iterable[Finding | Mapping[str, Any]]) -> list[Finding]:
+    """:class:`~cockpit_core.diagnosis.Finding` objects of findings or ``finding`` records."""
+    return [f if isinstance(f, Finding) else Finding.from_record(f) for f in findings]
+
+
+def diagnosis_reads(registry: Registry | None = None) -> dict[str, tuple[str, ...]]:
+    """``{diagnosis name: quantity names it reads}`` of the diagnoses of ``registry``.
+
+    Args:
+        registry: Where the diagnoses come from (default: every installed plugin's).
+
+    """
+    if registry is None:
+        from cockpit_core.registry import default_registry
+
+        registry = default_registry()
+    return {name: tuple(entry.cls.reads) for name, entry in registry.diagnoses.items()}
+
+
+def marks(diagnosis: Any, shown: Iterable[str], reads: Mapping[str, Iterable[str]]) -> bool:
+    """Whether a finding of ``diagnosis`` marks a panel showing the quantities ``shown``.
+
+    Args:
+        diagnosis: The finding's diagnosis name.
+        shown: Names of the quantities the panel shows.
+        reads: ``{diagnosis name: quantity names}`` (:func:`diagnosis_reads`).
+
+    """
+    return not set(reads.get(str(diagnosis), ())).isdisjoint(shown)

@@ -32,6 +32,7 @@ from cockpit_core.dashboard.planning import (
     Panel,
     _default_instruments,
     _note,
+    _registry,
     load,
     panel_output,
     plan,
@@ -76,8 +77,8 @@ def render(
             these to compare runs: each panel then shows every run in its own colour, with
             a legend (see :mod:`cockpit_core.dashboard.compare`).
         path: Output file; the suffix picks the format (``.png``, ``.svg``, ``.pdf``).
-        registry: Where instruments come from (default: the Cockpit's, else every
-            installed plugin).
+        registry: Where instruments, and the diagnoses whose findings mark panels, come
+            from (default: the Cockpit's, else every installed plugin).
         instruments: Use these instruments instead of the registry's.
         panels: Draw only the instruments of these names (in their usual places).
         title: Figure title (default: a summary of the run).
@@ -86,6 +87,10 @@ def render(
         dpi: Resolution of raster output.
         labels: Legend labels of compared runs (default: each run's learning rate, else
             its log path; see :func:`~cockpit_core.dashboard.compare.run_labels`).
+
+    One run's findings (``finding`` records, ``cp.findings``) appear as a banner under the
+    title and as shaded step spans on the panels that show what their diagnosis reads
+    (:mod:`cockpit_core.dashboard.markers`); a comparison shows none.
 
     Returns:
         The matplotlib ``Figure``.
@@ -112,9 +117,12 @@ def render(
     if len(datas) == 1:
         data = datas[0]
         plan_ = plan(data, insts)
+        marker = _marker(data, _registry(sources[0], registry))
 
         def draw(fig: Any, cell: Any, panel: Panel) -> Any:
-            return _draw_panel(fig, cell, panel, data)
+            ax = _draw_panel(fig, cell, panel, data)
+            marker(ax, panel)
+            return ax
 
         summary = _summary(data, sorted(data.output))
     else:
@@ -301,6 +309,18 @@ def _summary(data: LogData, steps: list[int]) -> str:
 
 def _title(ax: Any, panel: Panel) -> None:
     ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
+
+
+def _marker(data: LogData, registry: Any) -> Callable[[Any, Panel], Any]:
+    """``marker(ax, panel)``: the run's findings on a drawn panel (see ``markers``)."""
+    if not data.findings:
+        return lambda ax, panel: None
+    from cockpit_core.dashboard.findings import as_findings, diagnosis_reads
+    from cockpit_core.dashboard.markers import mark_panel
+
+    found = list({f.id: f for f in as_findings(data.findings)}.values())  # each id once
+    reads = diagnosis_reads(registry)
+    return lambda ax, panel: mark_panel(ax, panel.keys, found, reads)
 
 
 def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:

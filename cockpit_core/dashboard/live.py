@@ -39,8 +39,8 @@ def can_render_in_background() -> bool:
 class LivePlot:
     """A sink (``sink(record)``) that refreshes a dashboard picture while training runs.
 
-    It keeps its own copy of the records (metrics of ``cp.log`` and quantities added with
-    ``cp.add`` included) and renders to ``path`` whenever the newest step of the
+    It keeps its own copy of the records (metrics of ``cp.log``, quantities added with
+    ``cp.add`` and the diagnoses' findings included) and renders to ``path`` whenever the newest step of the
     quantities' values is ``every`` steps past the last picture, and once more on
     :meth:`close`. The file is
     replaced atomically, so an image viewer that reloads changed files shows the current
@@ -79,7 +79,7 @@ class LivePlot:
         self.renders = 0
         self._last: int | None = None
         self._newest: int | None = None
-        self._unshown_metrics = False  # metrics arrived since the last picture
+        self._unshown_metrics = False  # metrics or findings arrived since the last picture
         self._renderer: _Renderer | None = None
         self._unsent: list[dict[str, Any]] = []  # records the renderer has not seen yet
 
@@ -96,7 +96,7 @@ class LivePlot:
         """Add ``record`` to :attr:`data`; ``True`` if a picture is due."""
         self.data.add(record)
         kind = record.get("kind")
-        if kind == "metrics":
+        if kind in ("metrics", "finding"):  # drawn by the next picture, on close() at the latest
             self._unshown_metrics = True
         elif kind == "values":
             step = int(record["step"])

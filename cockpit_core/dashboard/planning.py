@@ -194,11 +194,16 @@ def _note(plan_: Plan, data: LogData) -> list[str]:
     return lines
 
 
-def _default_instruments(source: Any, registry: Any) -> list[Instrument]:
+def _registry(source: Any, registry: Any) -> Any:
+    """``registry``, else the Cockpit's, else every installed plugin's."""
     if registry is None:
         registry = getattr(source, "registry", None)
     if registry is None:
         from cockpit_core.registry import default_registry
 
         registry = default_registry()
-    return list(registry.instruments.values())
+    return registry
+
+
+def _default_instruments(source: Any, registry: Any) -> list[Instrument]:
+    return list(_registry(source, registry).instruments.values())

@@ -6,7 +6,8 @@ the installed diagnoses over the log (:func:`cockpit_core.diagnose.diagnose`). E
 an entry of the page's ``findings`` list, and a shaded span from its ``first_step`` to its
 ``last_step`` on every panel that shows a quantity its diagnosis reads (looked up in the
 installed diagnoses; a diagnosis not installed here, or one that reads no quantity such as
-``nonfinite``, marks no panel).
+``nonfinite``, marks no panel). Which panels a finding marks is decided as on the matplotlib
+dashboard (:func:`cockpit_core.dashboard.findings.marks`).
 """
 
 from __future__ import annotations
@@ -14,20 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cockpit_core.dashboard.findings import diagnosis_reads, marks
 from cockpit_core.diagnosis import severity_rank
+
+__all__ = ["COLORS", "OPACITY", "diagnosis_reads", "entries", "mark"]
 
 COLORS = {"info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728"}
 """Fill colour of a finding's span (and its list entry) by severity."""
 
 OPACITY = 0.15
 """Opacity of the shaded span: the curves stay readable."""
-
-
-def diagnosis_reads() -> dict[str, tuple[str, ...]]:
-    """``{diagnosis name: quantity names it reads}`` of the installed diagnoses."""
-    from cockpit_core.registry import default_registry
-
-    return {name: tuple(entry.cls.reads) for name, entry in default_registry().diagnoses.items()}
 
 
 def entries(
@@ -52,7 +49,6 @@ def entries(
     out = []
     for label, findings in runs:
         for f in findings:
-            wanted = set(reads.get(str(f.get("diagnosis")), ()))
             out.append(
                 {
                     "run": label,
@@ -69,7 +65,11 @@ def entries(
                             "source",
                         )
                     },
-                    "panels": [p["id"] for p in panels if wanted & set(p.get("quantities", ()))],
+                    "panels": [
+                        p["id"]
+                        for p in panels
+                        if marks(f.get("diagnosis"), p.get("quantities", ()), reads)
+                    ],
                 }
             )
     return sorted(out, key=lambda e: (-_rank(e["severity"]), e["first_step"] or 0, e["id"]))
