@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -12,11 +13,13 @@ from torch import Tensor
 from cockpit_core import (
     DIAG_GGN_EXACT,
     DIAG_HESSIAN,
+    CockpitWarning,
     Statistic,
     StepContext,
     UnsupportedModelError,
     diag_ggn_mc,
 )
+from cockpit_curvature._estimators import CALIBRATED_MIN_PRODUCTS, error_bars_calibrated
 from cockpit_curvature._lanczos import lanczos
 
 DiagCurvature = Literal["diag_hessian", "diag_ggn_exact", "diag_ggn_mc"]
@@ -28,6 +31,63 @@ ALIASES = {"diag_h": "diag_hessian"}
 def normalize_curvature(value: Any) -> Any:
     """Map Cockpit 1.0.2's ``"diag_h"`` to ``"diag_hessian"``; leave everything else."""
     return ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+DEFAULT_PROBES = 10
+"""Products of Hutchinson and Hutch++ when ``probes`` is not set."""
+
+
+def default_probes(method: str) -> int:
+    """``probes`` when not set: ``CALIBRATED_MIN_PRODUCTS`` for XTrace and XDiag, else 10.
+
+    XTrace and XDiag report error bars only from ``CALIBRATED_MIN_PRODUCTS`` products on,
+    so their default gets one; Hutchinson's and Hutch++'s hold at any budget.
+    """
+    if error_bars_calibrated(method, DEFAULT_PROBES):
+        return DEFAULT_PROBES
+    return CALIBRATED_MIN_PRODUCTS
+
+
+def resolve_probes(config: Any, method: str, stochastic: Sequence[str]) -> None:
+    """Fill in ``config.probes`` (``None``: not set) with ``method``'s default.
+
+    Only for the estimators in ``stochastic``; the value is not marked as set, so the
+    option checks (``model_fields_set``) and re-validation with another method see it
+    unset.
+    """
+    if config.probes is None and method in stochastic:
+        config.probes = default_probes(method)
+        config.model_fields_set.discard("probes")
+
+
+_NAMES = {"xtrace": "XTrace", "xdiag": "XDiag"}
+
+
+def warn_if_uncalibrated(key: str, option: str, method: str, probes: int, instead: str) -> None:
+    """Warn (:class:`~cockpit_core.CockpitWarning`) that ``method`` reports no error bars.
+
+    Args:
+        key: The quantity's output key.
+        option: The option that selects the estimator (``method`` or ``curvature``).
+        method: The estimator.
+        probes: Its product budget.
+        instead: The calibrated-at-any-budget alternative (``method='hutchpp'``).
+
+    """
+    if error_bars_calibrated(method, probes):
+        return
+    used = 2 * (probes // 2)  # XTrace and XDiag use an even number of products
+    warnings.warn(
+        f"cockpit: '{key}' with {option}={method!r} and probes={probes} ({used} products "
+        f"used) reports the estimate and hvps without error bars (std_error and "
+        f"std_error_per_param are None): {_NAMES.get(method, method)}'s error bars were "
+        f"measured within 20% of the actual spread only from {CALIBRATED_MIN_PRODUCTS} "
+        f"products on (docs/quantities/curvature.md). Use probes >= "
+        f"{CALIBRATED_MIN_PRODUCTS} for a calibrated error bar, or {instead}, whose error "
+        f"bars hold at any budget.",
+        CockpitWarning,
+        stacklevel=3,
+    )
 
 
 def curvature_statistic(curvature: str, mc_samples: int) -> Statistic:

@@ -20,9 +20,16 @@ from cockpit_curvature._common import (
     hessian_matvec,
     normalize_curvature,
     read_diagonal,
+    resolve_probes,
     step_generator,
+    warn_if_uncalibrated,
 )
-from cockpit_curvature._estimators import DIAG_ESTIMATORS, DiagEstimate
+from cockpit_curvature._estimators import (
+    CALIBRATED_MIN_PRODUCTS,
+    DIAG_ESTIMATORS,
+    DiagEstimate,
+    error_bars_calibrated,
+)
 
 _HINT = (
     "TIC needs a curvature diagonal: from BackPACK on the modules it supports, from the "
@@ -30,9 +37,11 @@ _HINT = (
     "and info['inputs'], info['targets']; exact, one Hessian-vector product per parameter "
     "entry), or estimated from Hessian-vector products on any model, with error bars: "
     "curvature='hutchinson' (probes=S, S products; standard error of entry j: "
-    "sqrt(sum_{l != j} H_jl^2 / S)) or curvature='xdiag' (probes=m, m products; error "
-    "O(1/m) in the part of H outside its top m/2 eigenvectors, best when the spectrum "
-    "decays). The TIC divides by the diagonal: check its std_error. hess_trace with "
+    "sqrt(sum_{l != j} H_jl^2 / S)) or curvature='xdiag' (probes=m, m products, default "
+    f"{CALIBRATED_MIN_PRODUCTS}; error O(1/m) in the part of H outside its top m/2 "
+    "eigenvectors, best when the spectrum decays; error bars only from "
+    f"{CALIBRATED_MIN_PRODUCTS} products). The TIC divides by the diagonal: check its "
+    "std_error. hess_trace with "
     "method='hutchinson' and hess_max_ev need no diagonal."
 )
 
@@ -55,11 +64,13 @@ class TICConfig(QuantityConfig):
         )
     )
     mc_samples: int = Field(1, ge=1, description="Monte-Carlo samples of curvature='diag_ggn_mc'.")
-    probes: int = Field(
-        10,
+    probes: int | None = Field(
+        None,
         ge=1,
         description="Hessian-vector products of curvature='hutchinson' (one per probe; at "
-        "least 2 for an error bar) or 'xdiag' (at least 4; an even number is used).",
+        "least 2 for an error bar) or 'xdiag' (at least 4; an even number is used; error "
+        f"bars only from {CALIBRATED_MIN_PRODUCTS}). Not set: {CALIBRATED_MIN_PRODUCTS} for "
+        "'xdiag', 10 for 'hutchinson'.",
     )
     seed: int = Field(
         0,
@@ -90,8 +101,9 @@ class TICConfig(QuantityConfig):
         for opt in ("probes", "seed"):
             if opt in self.model_fields_set and self.curvature not in _MIN_PROBES:
                 raise ValueError(f"{opt} applies only to curvature='hutchinson' or 'xdiag'")
+        resolve_probes(self, self.curvature, tuple(_MIN_PROBES))
         least = _MIN_PROBES.get(self.curvature, 1)
-        if self.probes < least:
+        if self.probes is not None and self.probes < least:
             raise ValueError(
                 f"curvature={self.curvature!r} needs probes >= {least}, got {self.probes}"
             )
@@ -110,11 +122,22 @@ class TICBase(Quantity):
     ``f(h)`` gets a first-order (delta-method) standard error: ``f(h) ~ f(h*) + w^T (h -
     h*)`` with ``w = grad f(h)``, and ``w^T h`` is the mean of ``w^T x_i`` over the
     estimator's samples ``x_i``, so its standard error is theirs (covariances between
-    entries included). Subclasses implement :meth:`combine`, in which ``per_param[b]``
-    may depend only on block ``b``.
+    entries included). XDiag's error bars are reported only from
+    ``CALIBRATED_MIN_PRODUCTS`` (24) products on (measured off by more than 20% below):
+    with fewer ``probes`` the errors are ``None`` and the constructor warns; ``probes``
+    defaults to 24 for ``xdiag``. Subclasses implement :meth:`combine`, in which
+    ``per_param[b]`` may depend only on block ``b``.
     """
 
     Config = TICConfig
+
+    def __init__(self, config: Any = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        cfg = self.config
+        if cfg.curvature in DIAG_ESTIMATORS:
+            warn_if_uncalibrated(
+                self.key, "curvature", cfg.curvature, cfg.probes, "curvature='hutchinson'"
+            )
 
     def requirements(self) -> Requirements:
         """Per-sample ``sum_n g_n^2`` and the curvature diagonal (or the loss graph)."""
@@ -145,7 +168,10 @@ class TICBase(Quantity):
         return self.combine(pairs)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
-        """Return ``{"total", "per_param"}``; the estimators add error bars and ``hvps``."""
+        """Return ``{"total", "per_param"}``; the estimators add error bars and ``hvps``.
+
+        The error bars are ``None`` for XDiag below ``CALIBRATED_MIN_PRODUCTS`` products.
+        """
         cfg = self.config
         if cfg.curvature not in DIAG_ESTIMATORS:
             stat = curvature_statistic(cfg.curvature, cfg.mc_samples)
@@ -173,10 +199,18 @@ class TICBase(Quantity):
             moments: Flat float64 CPU ``m`` per parameter.
 
         Returns:
-            ``{"total", "per_param", "std_error", "std_error_per_param", "hvps"}``.
+            ``{"total", "per_param", "std_error", "std_error_per_param", "hvps"}``; both
+            errors ``None`` when the configured estimator's error bars are not calibrated
+            (:func:`~cockpit_curvature._estimators.error_bars_calibrated`).
 
         """
+        cfg = self.config
         sizes = [m.numel() for m in moments]
+        if not error_bars_calibrated(cfg.curvature, cfg.probes):
+            total, per_param = self.values(moments, list(torch.split(estimate.diagonal, sizes)))
+            out = self.as_output(total, per_param)
+            out.update(std_error=None, std_error_per_param=None, hvps=estimate.hvps)
+            return out
         with torch.enable_grad():
             curvature = estimate.diagonal.detach().requires_grad_(True)
             total, per_param = self.values(moments, list(torch.split(curvature, sizes)))

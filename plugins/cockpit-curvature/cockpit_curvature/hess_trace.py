@@ -12,10 +12,16 @@ from cockpit_curvature._common import (
     hessian_matvec,
     normalize_curvature,
     read_diagonal,
+    resolve_probes,
     step_generator,
     total_and_per_param,
+    warn_if_uncalibrated,
 )
-from cockpit_curvature._estimators import ESTIMATORS
+from cockpit_curvature._estimators import (
+    CALIBRATED_MIN_PRODUCTS,
+    ESTIMATORS,
+    error_bars_calibrated,
+)
 
 _HINT = "use method='hutchinson', which needs only Hessian-vector products."
 
@@ -38,12 +44,14 @@ class HessTraceConfig(QuantityConfig):
         "Hutchinson on the rest) or 'xtrace' (XTrace: exchangeable leave-one-out Hutch++).",
     )
     mc_samples: int = Field(1, ge=1, description="Monte-Carlo samples of method='diag_ggn_mc'.")
-    probes: int = Field(
-        10,
+    probes: int | None = Field(
+        None,
         ge=1,
         description="Hessian-vector products of 'hutchinson' (one per probe), 'hutchpp' (at "
         "least 3: a third sketch, a third its basis, the rest probes) or 'xtrace' (at least 4; "
-        "an even number is used).",
+        "an even number is used; error bars only from "
+        f"{CALIBRATED_MIN_PRODUCTS}). Not set: {CALIBRATED_MIN_PRODUCTS} for 'xtrace', 10 "
+        "for the others.",
     )
     seed: int = Field(
         0,
@@ -66,8 +74,9 @@ class HessTraceConfig(QuantityConfig):
                 raise ValueError(
                     f"{opt} applies only to method='hutchinson', 'hutchpp' or 'xtrace'"
                 )
+        resolve_probes(self, self.method, tuple(_MIN_PROBES))
         least = _MIN_PROBES.get(self.method, 1)
-        if self.probes < least:
+        if self.probes is not None and self.probes < least:
             raise ValueError(f"method={self.method!r} needs probes >= {least}, got {self.probes}")
         return self
 
@@ -81,7 +90,10 @@ class HessTrace(Quantity):
     1.0.2) or the generalized Gauss-Newton matrix's (``diag_ggn_exact``; ``diag_ggn_mc``
     samples it). The randomized methods need no BackPACK support, only Hessian-vector
     products on the flat vector of all tracked parameters, and report error bars
-    (``std_error``, ``std_error_per_param``) and their cost (``hvps``):
+    (``std_error``, ``std_error_per_param``) and their cost (``hvps``). XTrace's error
+    bars are reported only from ``CALIBRATED_MIN_PRODUCTS`` (24) products on (measured off
+    by more than 20% below, :mod:`cockpit_curvature._estimators.base`): with fewer ``probes``
+    they are ``None`` and the constructor warns; ``probes`` defaults to 24 for ``xtrace``.
 
     - ``hutchinson`` (Hutchinson, 1989, "A stochastic estimator of the trace of the
       influence matrix"): with Rademacher probes ``v`` (entries +-1),
@@ -100,6 +112,12 @@ class HessTrace(Quantity):
     name = "hess_trace"
     Config = HessTraceConfig
 
+    def __init__(self, config: Any = None, **kwargs: Any):
+        super().__init__(config, **kwargs)
+        cfg = self.config
+        if cfg.method in _MIN_PROBES:
+            warn_if_uncalibrated(self.key, "method", cfg.method, cfg.probes, "method='hutchpp'")
+
     def requirements(self) -> Requirements:
         """A curvature statistic, or the loss graph for the randomized methods."""
         cfg = self.config
@@ -111,7 +129,8 @@ class HessTrace(Quantity):
         """Return ``{"total": tr, "per_param": [tr(H_ii)]}``, plus error bars and cost.
 
         The randomized methods add ``std_error`` (of ``total``), ``std_error_per_param``
-        and ``hvps`` (Hessian-vector products used).
+        and ``hvps`` (Hessian-vector products used); both errors are ``None`` for XTrace
+        below ``CALIBRATED_MIN_PRODUCTS`` products.
         """
         cfg = self.config
         if cfg.method in _MIN_PROBES:
@@ -120,8 +139,9 @@ class HessTrace(Quantity):
             gen = step_generator(cfg.seed, ctx.step)
             est = estimator(hessian_matvec(ctx), sizes, cfg.probes, gen)
             out = total_and_per_param(list(est.per_param))
-            out["std_error"] = est.std_error
-            out["std_error_per_param"] = est.std_error_per_param
+            calibrated = error_bars_calibrated(cfg.method, cfg.probes)
+            out["std_error"] = est.std_error if calibrated else None
+            out["std_error_per_param"] = est.std_error_per_param if calibrated else None
             out["hvps"] = est.hvps
             return out
         stat = curvature_statistic(cfg.method, cfg.mc_samples)

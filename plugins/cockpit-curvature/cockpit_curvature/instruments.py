@@ -1,9 +1,10 @@
 """Dashboard panels of cockpit-curvature: Hessian max eigenvalue, Hessian trace, TIC.
 
 ``hess_trace``, ``tic_diag`` and ``tic_trace`` return ``{"total": float, "per_param":
-array}`` (``hess_trace``'s randomized methods add ``std_error``, ``std_error_per_param`` and
-``hvps``); ``hess_max_ev`` returns ``{"value": float, "eigenvalues": [k], "hvps": int,
-"converged": bool}`` (a plain number or a ``total`` entry are read too).
+array}`` (their estimators add ``std_error``, ``std_error_per_param`` and ``hvps``; the
+errors are ``None`` for XTrace and XDiag below 24 products); ``hess_max_ev`` returns
+``{"value": float, "eigenvalues": [k], "hvps": int, "converged": bool}`` (a plain number
+or a ``total`` entry are read too).
 """
 
 from __future__ import annotations
@@ -76,13 +77,19 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
 def _error_band(
     ax: Any, output: Any, name: str, steps: Any, value: Any, color: str, label: str
 ) -> None:
-    """A band of +-2 standard errors (about 95% for an approximately normal estimate)."""
-    _, std_error = series(output, name, "std_error")
-    if np.isfinite(std_error).any():
+    """A band of +-2 standard errors (about 95% for an approximately normal estimate).
+
+    Drawn only at steps with a finite ``std_error``: none where it is missing, ``None``
+    (XTrace and XDiag below 24 products report no error bar) or NaN.
+    """
+    _, std_error = series(output, name, "std_error")  # None and missing read as NaN
+    known = np.isfinite(std_error)
+    if known.any():
         ax.fill_between(
             steps,
             value - 2 * std_error,
             value + 2 * std_error,
+            where=known,
             color=color,
             alpha=0.2,
             lw=0,
@@ -95,7 +102,8 @@ def draw_trace(ax: Any, output: Any, header: Any) -> None:
 
     Randomized estimates (``method`` ``hutchinson``, ``hutchpp`` or ``xtrace``) carry
     ``std_error``; the total then gets a band of +-2 standard errors (about 95% for an
-    approximately normal estimate).
+    approximately normal estimate). No band where ``std_error`` is ``None`` (``xtrace``
+    below 24 products).
     """
     steps, total = series(output, "hess_trace")
     s_per, per = per_param_series(output, "hess_trace")
@@ -126,7 +134,8 @@ def draw_tic(ax: Any, output: Any, header: Any) -> None:
     """TIC approximations over steps (diagonal and trace variant, whichever were tracked).
 
     With an estimated Hessian diagonal (``curvature`` ``hutchinson`` or ``xdiag``) each
-    carries ``std_error`` (delta method): a band of +-2 standard errors.
+    carries ``std_error`` (delta method): a band of +-2 standard errors, none where it is
+    ``None`` (``xdiag`` below 24 products).
     """
     drawn = []
     for name, label, color in (

@@ -11,9 +11,13 @@ run is reproducible and the same computation can be repeated on an explicit matr
 - Diagonal estimators return a :class:`DiagEstimate`: unbiased sample vectors of
   ``diag(A)`` whose mean is the estimate, from which per-entry standard errors, and those
   of any linear function of the diagonal, follow (``tic_diag``, ``tic_trace``).
+
+The estimators always compute their error bars; the quantities report those of XTrace and
+XDiag only from ``CALIBRATED_MIN_PRODUCTS`` products on (:func:`error_bars_calibrated`).
 """
 
 from cockpit_curvature._estimators.base import (
+    CALIBRATED_MIN_PRODUCTS,
     DiagEstimate,
     MatVec,
     TraceEstimate,
@@ -32,14 +36,37 @@ ESTIMATORS = {"hutchinson": hutchinson, "hutchpp": hutchpp, "xtrace": xtrace}
 DIAG_ESTIMATORS = {"hutchinson": diag_hutchinson, "xdiag": xdiag}
 """The diagonal estimators by their ``curvature`` name in ``tic_diag`` / ``tic_trace``."""
 
+LEAVE_ONE_OUT = frozenset({"xtrace", "xdiag"})
+"""Estimators whose error bars are calibrated only from ``CALIBRATED_MIN_PRODUCTS`` products."""
+
+
+def error_bars_calibrated(method: str, probes: int) -> bool:
+    """Whether the error bars of ``method`` with ``probes`` products can be reported.
+
+    Args:
+        method: An estimator name (``hess_trace``'s ``method`` or the TIC's ``curvature``).
+        probes: The product budget ``m`` (XTrace and XDiag use ``2 (m // 2)``, which is at
+            least ``CALIBRATED_MIN_PRODUCTS`` exactly when ``m`` is, as that is even).
+
+    Returns:
+        ``False`` for XTrace and XDiag below ``CALIBRATED_MIN_PRODUCTS`` products (their
+        error bars were measured off by more than 20% there), ``True`` otherwise.
+
+    """
+    return method not in LEAVE_ONE_OUT or probes >= CALIBRATED_MIN_PRODUCTS
+
+
 __all__ = [
+    "CALIBRATED_MIN_PRODUCTS",
     "DIAG_ESTIMATORS",
     "ESTIMATORS",
+    "LEAVE_ONE_OUT",
     "DiagEstimate",
     "MatVec",
     "TraceEstimate",
     "block_sums",
     "diag_hutchinson",
+    "error_bars_calibrated",
     "hutchinson",
     "hutchpp",
     "rademacher",

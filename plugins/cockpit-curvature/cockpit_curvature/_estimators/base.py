@@ -13,6 +13,20 @@ from torch import Tensor
 MatVec = Callable[[Tensor], Tensor]
 """``v -> A v`` for a flat float64 vector ``v`` of length ``D`` (one product per call)."""
 
+CALIBRATED_MIN_PRODUCTS = 24
+"""Fewest products from which the leave-one-out estimators' error bars are reported.
+
+Measured over 400 seeds on five test problems (``docs/quantities/curvature.md``, "Error
+bars of XTrace and XDiag"): the root-mean-square reported standard error of XTrace (total
+and per block) and of XDiag's weighted sums (what the TIC reports) was within 20% of the
+actual spread of the estimate on every problem from ``m = 24`` products on, but not below
+(at ``m = 12`` up to 1.40 per block and 1.31 per XDiag entry; at ``m = 4``-``6`` down to
+0.55-0.75). Single XDiag entries, which no quantity reports, stay up to 1.23 on the tiny
+MLP at 24 (conservative). With fewer products the quantities report the estimate without
+an error bar (``std_error`` ``None``). Hutchinson's and Hutch++'s error bars hold at any
+budget.
+"""
+
 MAX_INFLATION = 3.0
 """Upper clip of ``(std(t)^2 / k + C) / (std(t)^2 / k)`` (see :func:`pair_directions`)."""
 
