@@ -24,8 +24,9 @@ from cockpit_core.coverage import (
     refuse_batch_norm,
     warn_unprovided_kinds,
 )
-from cockpit_core.diagnose import DiagnosisRunner, build_diagnoses
+from cockpit_core.diagnose import build_diagnoses
 from cockpit_core.diagnosis import Finding
+from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.distributed import Distributed, active_group, writes_here
 from cockpit_core.errors import ConfigError, MisuseError
 from cockpit_core.log import LogWriter

@@ -1,10 +1,10 @@
 """Running diagnoses: on a log (:func:`diagnose`, ``cockpit diagnose``) and while training.
 
 Offline, :func:`diagnose` reads a log with :func:`cockpit_core.log.read_run` and runs every
-installed diagnosis (or the named ones) over all of it. Online, a :class:`DiagnosisRunner`
-sees every record a :class:`~cockpit_core.tracker.Tracker` emits, keeps the latest values
-of the quantities its diagnoses read, and returns each finding once (by id). A diagnosis
-that raises never stops either: it is skipped with a warning. See ``docs/diagnoses.md``.
+installed diagnosis (or the named ones) over all of it. While training,
+:class:`cockpit_core.diagnosis_runner.DiagnosisRunner` runs them on the records a run emits.
+A diagnosis that raises never stops either: it is skipped with a warning. See
+``docs/diagnoses.md``.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def diagnose(
         data = LogData(output={s: dict(v) for s, v in log_or_output.items()})
     wanted = None if names is None else list(names)
     found = run_checks(
-        build_diagnoses(wanted, registry), Window(data.output, data.skipped, data.header)
+        build_diagnoses(wanted, registry),
+        Window(data.output, data.skipped, data.header, data.cost),
     )
     if include_logged:
         seen = {f.id for f in found}
@@ -153,53 +154,6 @@ def diagnose(
             seen.add(record["id"])
             found.append(Finding.from_record(record))
     return sort_findings(found)
-
-
-class DiagnosisRunner:
-    """Runs diagnoses while training, on the records a run emits.
-
-    A diagnosis that raises is warned about once and not run again.
-
-    Args:
-        diagnoses: The diagnoses to run.
-        max_steps: How many of the latest tracked steps the window keeps.
-
-    """
-
-    def __init__(self, diagnoses: Sequence[Diagnosis], max_steps: int = 500):
-        self.diagnoses = list(diagnoses)
-        self.max_steps = max_steps
-        self.reads = {key for d in self.diagnoses for key in d.reads}
-        self.output: dict[int, dict[str, Any]] = {}
-        self.skipped: list[dict[str, Any]] = []
-        self.header: dict[str, Any] = {}
-        self.reported: dict[str, Finding] = {}
-        self.failed: set[str] = set()
-
-    def observe(self, record: Mapping[str, Any]) -> list[Finding]:
-        """Take one record; return the findings not reported before (each id once)."""
-        kind = record.get("kind")
-        if kind == "header":
-            self.header = {k: v for k, v in record.items() if k != "kind"}
-            return []
-        if kind == "skipped":
-            self.skipped.append(dict(record))
-        elif kind == "values":
-            kept = {k: v for k, v in record["values"].items() if k in self.reads}
-            if not kept:
-                return []
-            self.output.setdefault(int(record["step"]), {}).update(kept)
-            while len(self.output) > self.max_steps:
-                del self.output[min(self.output)]
-        else:
-            return []
-        window = Window(self.output, self.skipped, self.header)
-        new = [
-            f for f in run_checks(self.diagnoses, window, self.failed) if f.id not in self.reported
-        ]
-        for finding in new:
-            self.reported[finding.id] = finding
-        return new
 
 
 # -- the command line ---------------------------------------------------------------------

@@ -25,6 +25,9 @@ from cockpit_core.errors import UnknownNameError
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error")
 """Severities of findings, least severe first."""
 
+RECORD_KINDS: tuple[str, ...] = ("skipped", "cost")
+"""Kinds of log records besides values that a diagnosis can read (``reads_records``)."""
+
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -100,6 +103,8 @@ class Window:
         output: Values by step (``read_log``'s structure).
         skipped: ``skipped`` records (steps whose values were not computed).
         header: The run's header (``params`` names the parameters of per-parameter values).
+        cost: ``cost`` records (cockpit's own time at tracked steps, see
+            :mod:`cockpit_core.cost`), by step.
 
     """
 
@@ -108,10 +113,12 @@ class Window:
         output: Mapping[int, Mapping[str, Any]],
         skipped: Sequence[Mapping[str, Any]] = (),
         header: Mapping[str, Any] | None = None,
+        cost: Sequence[Mapping[str, Any]] = (),
     ):
         self.output = {int(s): v for s, v in sorted(output.items())}
         self.skipped = list(skipped)
         self.header = dict(header or {})
+        self.cost = list(cost)
 
     @property
     def steps(self) -> list[int]:
@@ -127,6 +134,10 @@ class Window:
         return [
             str(p.get("name", i)) if isinstance(p, dict) else str(p) for i, p in enumerate(params)
         ]
+
+    def records(self, kind: str) -> list[Mapping[str, Any]]:
+        """The window's log records of ``kind`` (one of :data:`RECORD_KINDS`; else none)."""
+        return {"skipped": self.skipped, "cost": self.cost}.get(kind, [])
 
     def has(self, key: str) -> bool:
         """Whether any step holds a value of ``key``."""
@@ -190,7 +201,9 @@ class Diagnosis:
     """Base class of a diagnosis: a rule over logged values that emits :class:`Finding` s.
 
     Subclasses set ``name`` (snake_case), ``reads`` (the quantity names it needs; it runs
-    when the log has at least one of them), ``source`` (paper or rule), optionally
+    when the log has at least one of them), optionally ``reads_records`` (kinds of log
+    records other than values it reads, e.g. ``("cost",)``: it also runs when the window
+    holds such records, see :meth:`Window.records`), ``source`` (paper or rule), optionally
     ``Config`` (a :class:`DiagnosisConfig` subclass with the thresholds), and write
     :meth:`check`. Options are validated on construction: ``StepSize(overshoot=2.0)``.
 
@@ -201,6 +214,7 @@ class Diagnosis:
 
     name: ClassVar[str] = ""
     reads: ClassVar[tuple[str, ...]] = ()
+    reads_records: ClassVar[tuple[str, ...]] = ()
     source: ClassVar[str] = ""
     Config: ClassVar[type[DiagnosisConfig]] = DiagnosisConfig
 
@@ -208,8 +222,10 @@ class Diagnosis:
         self.config = self.Config(**options)
 
     def applies(self, window: Window) -> bool:
-        """Whether the window holds anything this diagnosis reads."""
-        return any(window.has(key) for key in self.reads)
+        """Whether the window holds anything this diagnosis reads (values or records)."""
+        return any(window.has(key) for key in self.reads) or any(
+            window.records(kind) for kind in self.reads_records
+        )
 
     def check(self, window: Window) -> list[Finding]:
         """Return what this diagnosis finds in ``window`` (empty if all is well)."""
@@ -266,6 +282,12 @@ def check_diagnosis_class(cls: Any) -> None:
     if isinstance(reads, str) or not all(isinstance(r, str) for r in reads):
         raise TypeError(
             f"{cls.__name__}.reads = {reads!r}: give a tuple of quantity names, e.g. ('alpha',)."
+        )
+    kinds = cls.reads_records
+    if isinstance(kinds, str) or not all(k in RECORD_KINDS for k in kinds):
+        raise TypeError(
+            f"{cls.__name__}.reads_records = {kinds!r}: give a tuple of record kinds out of "
+            f"{RECORD_KINDS}, e.g. ('cost',)."
         )
     if not (isinstance(cls.Config, type) and issubclass(cls.Config, DiagnosisConfig)):
         raise TypeError(

@@ -57,6 +57,7 @@ class StepRun:
 
     def __enter__(self) -> StepRun:
         tracker, step = self.tracker, self.step
+        started = tracker.cost.clock()
         if tracker.in_step:
             raise MisuseError(
                 f"cp({step}) entered while another cockpit step is active; use one "
@@ -120,6 +121,8 @@ class StepRun:
                 for n, rs in self.routed.items()
             )
             print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}{extra}")
+        tracked = bool(self.tasks or self.merged.statistics)
+        tracker.cost.entered(step, started, tracked)  # the previous step's cost record
         return self
 
     def _warn_late_requests(self, late: list[str]) -> str:
@@ -227,6 +230,7 @@ class StepRun:
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         tracker = self.tracker
+        exit_started = tracker.cost.clock()
         tracker.end_step(completed=exc_type is None)
         seen = [g.close() for g in self.loss_gradients]
         try:
@@ -242,9 +246,13 @@ class StepRun:
             if self.sync is not None:
                 self.sync.close()
             tracker.planner.after_step(self.step)
+            tracker.cost.discard()
             return False
         try:
             self._finish(seen)
+        except BaseException:
+            tracker.cost.discard()
+            raise
         finally:
             self.stats = {}
             self.info = {}
@@ -252,6 +260,7 @@ class StepRun:
             tracker.planner.after_step(
                 self.step
             )  # hooks for the next forward pass, if it needs them
+        tracker.cost.exited(exit_started)
         return False
 
     def _grad_factor(self) -> float:

@@ -19,8 +19,9 @@ import torch
 from cockpit_core import loop_checks
 from cockpit_core.cache import Cache
 from cockpit_core.context import StepContext
-from cockpit_core.diagnose import DiagnosisRunner
+from cockpit_core.cost import CostMeter
 from cockpit_core.diagnosis import Finding
+from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.distributed import Distributed
 from cockpit_core.error_policy import ErrorPolicy
 from cockpit_core.errors import CockpitWarning, MissingInfoError
@@ -32,6 +33,9 @@ from cockpit_core.step_data import StepData
 
 Record = dict[str, Any]
 Sink = Callable[[Record], None]
+
+DIAGNOSED_KINDS = ("header", "values", "skipped", "cost")
+"""The kinds of records the diagnoses running while training observe."""
 
 
 class Tracker:
@@ -59,6 +63,9 @@ class Tracker:
         last_step: The last step whose block completed (``None`` before the first).
         active_step: The step whose ``with`` block runs now (``None`` outside blocks).
         findings: What the diagnoses found so far, each finding once.
+        on_finding: Called with each new finding instead of the ``CockpitWarning`` about
+            it (``None``: warn); a framework integration reports findings its own way.
+        cost: What each step costs; emits a ``cost`` record per tracked step.
 
     """
 
@@ -86,6 +93,8 @@ class Tracker:
         self.keep_in_memory = keep_in_memory
         self.diagnoses = diagnoses
         self.findings: list[Finding] = []
+        self.on_finding: Callable[[Finding], None] | None = None
+        self.cost = CostMeter(self.emit)
         self.cache = Cache()
         self.planner = Planner(quantities, router)
         self.policy = ErrorPolicy(on_error, self.emit, self.planner, self.cache)
@@ -206,13 +215,15 @@ class Tracker:
             except (KeyboardInterrupt, GeneratorExit):
                 raise
             except BaseException as err:  # SystemExit from a plugin must not end the run either
+                self.cost.quantity(q.key, time.perf_counter() - t0)
                 if task.phase == "end":
                     planner.drop([q.key])
                 self.policy.quantity_failed(q, step, task.phase, err)
                 continue
+            seconds = time.perf_counter() - t0
+            self.cost.quantity(q.key, seconds)
             if self.debug:
-                ms = 1e3 * (time.perf_counter() - t0)
-                print(f"[cockpit] step {step}: {q.key} ({task.phase}) {ms:.2f} ms")
+                print(f"[cockpit] step {step}: {q.key} ({task.phase}) {1e3 * seconds:.2f} ms")
             if value is not None:
                 values.setdefault(task.start_step, {})[q.key] = value
         for s, vals in sorted(values.items()):
@@ -240,18 +251,35 @@ class Tracker:
                 )
         if record.get("kind") == "values" and isinstance(record.get("values"), dict):
             self.policy.check_serializable(record["step"], record["values"])
-        if self.diagnoses is not None and record.get("kind") in ("header", "values", "skipped"):
-            for finding in self.diagnoses.observe(record):  # each finding id once
-                self.findings.append(finding)
-                self.emit(finding.to_record())
-                warnings.warn(
-                    f"cockpit: {finding.line()}. {finding.suggestion}",
-                    CockpitWarning,
-                    stacklevel=3,
-                )
+        if self.diagnoses is not None and record.get("kind") in DIAGNOSED_KINDS:
+            self._report(self.diagnoses.observe(record))  # each finding id once
+
+    def _report(self, findings: list[Finding]) -> None:
+        """Keep, log and announce (``on_finding``, else a ``CockpitWarning``) new findings."""
+        for finding in findings:
+            self.findings.append(finding)
+            self.emit(finding.to_record())
+            if self.on_finding is not None:
+                self.on_finding(finding)
+                continue
+            warnings.warn(
+                f"cockpit: {finding.line()}. {finding.suggestion}", CockpitWarning, stacklevel=4
+            )
 
     def close(self) -> None:
-        """Disarm the providers; flush and close every sink that has ``close()``."""
+        """Finish the diagnoses and the ``cost`` records; disarm; close every sink.
+
+        The diagnoses check once more; findings whose stretch grew since they were reported
+        are logged again with the same id and their whole stretch (no second warning).
+        """
+        self.cost.close()
+        if self.diagnoses is not None:
+            new, changed = self.diagnoses.finish()
+            self._report(new)
+            by_id = {f.id: f for f in changed}
+            self.findings = [by_id.pop(f.id, f) for f in self.findings]
+            for finding in changed:
+                self.emit(finding.to_record())
         self.planner.close()
         for sink in list(self.sinks):
             close = getattr(sink, "close", None)

@@ -49,7 +49,11 @@ class LogData:
             added with ``cp.add`` during a run (every run, in file order); ``step`` is the
             first step it applies to.
         findings: The ``finding`` records (without ``kind``) that diagnoses reported while
-            training (every run, in file order; see ``docs/diagnoses.md``).
+            training (every run, in file order, the last record of each id; see
+            ``docs/diagnoses.md``).
+        cost: The ``cost`` records (what cockpit cost at each tracked step, see
+            :mod:`cockpit_core.cost`), by run in file order, except those of steps that a
+            later run recorded again.
 
     """
 
@@ -60,6 +64,7 @@ class LogData:
     headers: list[dict[str, Any]] = field(default_factory=list)
     added: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
+    cost: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def metrics(self) -> dict[int, dict[str, Any]]:
@@ -89,7 +94,23 @@ class LogData:
             quantities.append({**record["quantity"], "added_at": record["step"]})
             self.header = {**self.header, "quantities": quantities}
         elif kind == "finding":
-            self.findings.append({k: v for k, v in record.items() if k != "kind"})
+            add_finding(self.findings, record)
+        elif kind == "cost":
+            self.cost.append(dict(record))
+
+
+def add_finding(findings: list[dict[str, Any]], record: Mapping[str, Any]) -> None:
+    """Append a ``finding`` record (without ``kind``), or replace the one with its id.
+
+    A finding is logged again with the same id when its stretch grew after it was first
+    reported (``docs/log_format.md``); the last record of an id is the finding.
+    """
+    finding = {k: v for k, v in record.items() if k != "kind"}
+    for i, earlier in enumerate(findings):
+        if earlier.get("id") == finding.get("id"):
+            findings[i] = finding
+            return
+    findings.append(finding)
 
 
 def _limits(max_line_bytes: int | None, max_array_elements: int | None) -> tuple[int, int]:
@@ -140,7 +161,7 @@ def _iter_records(
         if not isinstance(record, dict):
             raise LogFormatError(f"{path}, line {number} is not a JSON object.")
         kind = record.get("kind")
-        if kind in ("values", "metrics", "quantity_added") or (
+        if kind in ("values", "metrics", "quantity_added", "cost") or (
             kind in ("error", "skipped") and "step" in record
         ):
             step = record.get("step")
@@ -222,6 +243,7 @@ def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
         "metrics": {},
         "added": [],
         "findings": [],
+        "cost": [],
     }
 
 
@@ -249,7 +271,9 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
         elif kind == "quantity_added":
             run["added"].append({"step": record["step"], "quantity": dict(record["quantity"])})
         elif kind == "finding":
-            run["findings"].append({k: v for k, v in record.items() if k != "kind"})
+            add_finding(run["findings"], record)
+        elif kind == "cost":
+            run["cost"].append(record)
     data = LogData()
     claimed: set[int] = set()
     kept: list[list[dict[str, Any]]] = []
@@ -258,6 +282,7 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
             if step not in claimed:
                 data.output[step] = values
         kept.append([e for e in run["events"] if e.get("step") not in claimed])
+        run["cost"] = [c for c in run["cost"] if c["step"] not in claimed]
         claimed |= run["steps"]
     for events in reversed(kept):
         for event in events:
@@ -270,7 +295,9 @@ def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
         logged |= set(run["metrics"])
     for run in runs:
         data.added.extend(run["added"])
-        data.findings.extend(run["findings"])
+        for finding in run["findings"]:
+            add_finding(data.findings, finding)
+        data.cost.extend(run["cost"])
         if run["added"]:
             header = dict(run["header"] or {})
             quantities = header.get("quantities")

@@ -8,7 +8,7 @@ import pytest
 from pydantic import Field
 
 from cockpit_core import Registry, hookimpl
-from cockpit_core.diagnose import DiagnosisRunner, diagnose
+from cockpit_core.diagnose import diagnose
 from cockpit_core.diagnosis import (
     Diagnosis,
     DiagnosisConfig,
@@ -17,6 +17,7 @@ from cockpit_core.diagnosis import (
     Window,
     persistent_spans,
 )
+from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.errors import CockpitWarning, ConfigError
 from cockpit_core.log import LogFormatError, read_records, read_run
 from cockpit_core.testing import run_cockpit, tiny_mlp
@@ -131,9 +132,18 @@ def test_hook_register_diagnoses(tmp_path):
     assert sum("loss_above" in str(w.message) for w in caught) == 1  # once per finding id
     (finding,) = result.cockpit.findings
     assert (finding.id, finding.first_step, finding.source) == ("loss_above@0", 0, "a test rule")
-    # the log and every sink receive the finding record, right after the values of step 0
-    kinds = [r["kind"] for r in read_records(tmp_path / "log.jsonl")]
-    assert kinds[:3] == ["header", "values", "finding"] and kinds.count("finding") == 1
+    assert finding.last_step == 3  # at close: the whole stretch
+    # the log and every sink receive the finding record, right after the values of step 0,
+    # and once more at close with the stretch it grew to (same id; the reader keeps the last)
+    records = list(read_records(tmp_path / "log.jsonl"))
+    kinds = [r["kind"] for r in records]
+    assert kinds[:3] == ["header", "values", "finding"] and kinds.count("finding") == 2
+    first, last = (r for r in records if r["kind"] == "finding")
+    assert (first["id"], first["last_step"]) == ("loss_above@0", 0)
+    assert (last["id"], last["last_step"]) == ("loss_above@0", 3)
+    assert read_run(tmp_path / "log.jsonl").findings == [
+        {k: v for k, v in last.items() if k != "kind"}
+    ]
     assert [r["kind"] for r in seen] == kinds
     # offline, the same rule over the whole log finds the stretch of every step
     losses = [v["loss"] for v in result.cockpit.get_output().values()]
@@ -167,6 +177,7 @@ def test_unknown_names_and_bad_options_are_clear_errors():
         (int, "is not a subclass"),
         (type("Bad", (LossAbove,), {"name": "Bad-Name"}), "not a valid diagnosis name"),
         (type("NoCheck", (Diagnosis,), {"name": "no_check"}), "must implement check"),
+        (type("Kinds", (LossAbove,), {"name": "kinds", "reads_records": ("values",)}), "('cost',)"),
     ],
 )
 def test_invalid_diagnosis_classes_skip_only_the_diagnoses(bad, says):
@@ -195,6 +206,54 @@ def test_a_failing_diagnosis_is_skipped_with_a_warning():
         found = runner.observe({"kind": "values", "step": 0, "values": {"loss": 1.0}})
     assert [f.id for f in found] == ["loss_above@0"]
     assert runner.observe({"kind": "values", "step": 1, "values": {"loss": 1.0}}) == []
+
+
+class SlowSteps(Diagnosis):
+    """Reads ``cost`` records only: a step whose block took more than a second."""
+
+    name = "slow_steps"
+    reads_records = ("cost",)
+    source = "a test rule"
+
+    def check(self, window):
+        slow = [r["step"] for r in window.records("cost") if r["block_s"] > 1.0]
+        return [self.finding("", "info", s, s, "slow", {}) for s in slow]
+
+
+def test_a_rule_that_reads_records_runs_on_them_online_and_offline(tmp_path):
+    cost = [{"kind": "cost", "step": s, "block_s": float(s)} for s in range(3)]
+    counted = []
+
+    class Counting(LossAbove):
+        name = "counting"
+
+        def check(self, window):
+            counted.append(len(window.cost))
+            return []
+
+    runner = DiagnosisRunner([SlowSteps(), Counting()], max_steps=2)
+    assert not SlowSteps().applies(Window({0: {"loss": 1.0}})) and SlowSteps().applies(
+        Window({}, cost=cost)
+    )
+    found = [[f.id for f in runner.observe(r)] for r in cost]
+    assert found == [[], [], ["slow_steps@2"]] and len(runner.cost) == 2
+    runner.observe({"kind": "values", "step": 3, "values": {"loss": 0.5}})
+    assert counted == [2]  # value readers run on values records only, and see the cost
+    # without a rule that reads them, the runner keeps no cost records
+    only_values = DiagnosisRunner([LossAbove()])
+    assert only_values.observe(cost[2]) == [] and only_values.cost == []
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(f'{{"kind":"cost","step":{s},"block_s":{s}.5}}\n' for s in range(3)))
+    assert read_run(log).cost == [{"kind": "cost", "step": s, "block_s": s + 0.5} for s in range(3)]
+    registry = Registry(builtin=True)
+    assert registry.add_plugin(SlowPlugin(), name="slow").ok
+    assert [f.id for f in diagnose(log, registry)] == ["slow_steps@1", "slow_steps@2"]
+
+
+class SlowPlugin:
+    @hookimpl
+    def register_diagnoses(self, register):
+        register(SlowSteps)
 
 
 def test_findings_banner_shows_the_most_severe_first():

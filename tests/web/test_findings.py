@@ -51,8 +51,9 @@ def test_logged_finding_is_listed_and_shaded_on_the_grad_norm_panel(tmp_path):
     follower = LogFollower(log, "run")
     follower.poll()
     (record,) = follower.findings.values()
-    # dead_layers needs 5 tracked steps: reported while training at step 4
-    assert record["id"] == "dead_layers@0" and (record["first_step"], record["last_step"]) == (0, 4)
+    # dead_layers needs 5 tracked steps: reported while training at step 4, and logged
+    # again at close with its whole stretch (the follower keeps the last record of an id)
+    assert record["id"] == "dead_layers@0" and (record["first_step"], record["last_step"]) == (0, 5)
 
     payload = Feed([log]).payload()  # cockpit serve: only what the log recorded
     (entry,) = payload["findings"]
@@ -60,7 +61,7 @@ def test_logged_finding_is_listed_and_shaded_on_the_grad_norm_panel(tmp_path):
     assert entry["run"] == tmp_path.name  # the run folder's name
     assert entry["panels"] == ["grad_norm"]  # dead_layers reads grad_norm only
     (shape,) = _panel(payload, "grad_norm")["figure"]["layout"]["shapes"]
-    assert (shape["x0"], shape["x1"]) == (-0.5, 4.5) and shape["yref"] == "paper"
+    assert (shape["x0"], shape["x1"]) == (-0.5, 5.5) and shape["yref"] == "paper"
     assert shape["name"] == "dead_layers@0" and shape["type"] == "rect"
     assert "shapes" not in _panel(payload, "loss")["figure"]["layout"]
 

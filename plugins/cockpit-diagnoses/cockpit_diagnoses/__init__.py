@@ -2,6 +2,7 @@
 
 from cockpit_diagnoses.batch_size import BatchSize
 from cockpit_diagnoses.cabs_batch import CABSBatch
+from cockpit_diagnoses.cost import Cost
 from cockpit_diagnoses.dead_layers import DeadLayers
 from cockpit_diagnoses.early_stopping import EarlyStopping
 from cockpit_diagnoses.exploding_gradients import ExplodingGradients
@@ -26,6 +27,7 @@ DIAGNOSES = (
     GSNRCollapse,
     HistogramClamped,
     CABSBatch,
+    Cost,
 )
 """Every diagnosis of this plugin, in documentation order."""
 
@@ -33,6 +35,7 @@ __all__ = [
     "DIAGNOSES",
     "BatchSize",
     "CABSBatch",
+    "Cost",
     "DeadLayers",
     "EarlyStopping",
     "ExplodingGradients",

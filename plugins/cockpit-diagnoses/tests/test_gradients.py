@@ -49,8 +49,9 @@ def test_online_the_dead_layer_is_a_finding_record_after_5_steps(run, tmp_path):
     log = tmp_path / "log.jsonl"
     run(["grad_norm"], steps=8, lr=0.3, dead=True, log=log, diagnoses=["dead_layers"])
     records = read_records(log)
-    (finding,) = [r for r in records if r["kind"] == "finding"]
+    finding, final = [r for r in records if r["kind"] == "finding"]
     assert (finding["id"], finding["last_step"]) == ("dead_layers@0", 4)
+    assert (final["id"], final["last_step"]) == ("dead_layers@0", 7)  # at close: whole stretch
     # reported right after the values of the 5th tracked step, once
     before = [r["step"] for r in records[: records.index(finding)] if r["kind"] == "values"]
     assert before[-1] == 4
