@@ -3,7 +3,8 @@
 - :mod:`cockpit_core.integrations.lightning`: ``CockpitCallback`` for PyTorch Lightning.
 - :mod:`cockpit_core.integrations.huggingface`: ``CockpitMixin`` and ``CockpitCallback``
   for the Hugging Face Trainer (``CockpitTrainer`` is deprecated).
-- :mod:`cockpit_core.integrations.reporting`: a Cockpit's scalars for a framework's loggers.
+- :mod:`cockpit_core.integrations.reporting`: a Cockpit's scalars and findings for a
+  framework's loggers.
 
 Each framework module imports its framework only when used; see ``docs/integrations.md``.
 """

@@ -24,6 +24,10 @@ GSNR). So the work is split where the Trainer allows it:
   closes after the last backward pass, before clipping. Every scalar goes through
   ``Trainer.log`` to the ``report_to`` integrations (keys ``cockpit/<quantity>/...``).
 
+Findings of ``diagnoses=[...]`` go to the ``transformers`` logging (logger
+:data:`LOGGER_NAME`) and their counts through ``Trainer.log``
+(``cockpit/findings/<severity>``).
+
 Mixed precision: with ``fp16=True`` the Accelerator's ``GradScaler`` is passed as
 ``info["grad_scaler"]``. ``CockpitTrainer`` (a ``Trainer`` with its own Cockpit, the
 previous API) still works and warns. Install with ``pip install cockpit-core[huggingface]``.
@@ -32,12 +36,14 @@ previous API) still works and warns. Install with ``pip install cockpit-core[hug
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 try:
     from transformers import Trainer, TrainerCallback
+    from transformers.utils import logging as hf_logging
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         "cockpit_core.integrations.huggingface needs transformers: "
@@ -45,12 +51,18 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from cockpit_core.cockpit import Cockpit
+from cockpit_core.diagnosis import Finding
 from cockpit_core.errors import MisuseError
 from cockpit_core.integrations._parameters import batch_size_of, trainable_named_parameters
-from cockpit_core.integrations.reporting import ScalarReporter
+from cockpit_core.integrations.reporting import FindingReporter, ScalarReporter
 
 InfoFn = Callable[[dict[str, Any], Any], dict[str, Any]]
 MICRO_KEYS = ("loss", "individual_losses", "batch_size")
+LOGGER_NAME = "transformers.cockpit"
+"""The logger of findings: a child of the ``transformers`` library logger, so its handler,
+``TrainingArguments(log_level=..., log_level_replica=...)`` and
+``transformers.logging.set_verbosity_*`` apply."""
+_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
 class CockpitCallback(TrainerCallback):
@@ -69,6 +81,11 @@ class CockpitCallback(TrainerCallback):
         prefix: First part of the reported keys (``cockpit/loss``, ...).
         per_param: Report per-parameter scalars (``cockpit/grad_norm/<param>``) ...
         per_param_max: ... while the Cockpit tracks at most this many parameters.
+        findings: Report each new finding of the Cockpit's ``diagnoses`` through the
+            ``transformers`` logging (:data:`LOGGER_NAME`; ``info`` findings at level INFO,
+            ``warning`` at WARNING, ``error`` at ERROR) instead of the Cockpit's own
+            ``CockpitWarning`` and, with ``report``, the number of findings so far by
+            severity as ``<prefix>/findings/<severity>``; ``False``: the Cockpit warns.
         **cockpit_options: More ``Cockpit`` options for a built Cockpit (``log``,
             ``on_error``, ``sinks``, ``backend``, ...).
 
@@ -90,6 +107,7 @@ class CockpitCallback(TrainerCallback):
         prefix: str = "cockpit",
         per_param: bool = True,
         per_param_max: int = 32,
+        findings: bool = True,
         **cockpit_options: Any,
     ):
         if cockpit is not None and (quantities is not None or cockpit_options):
@@ -109,6 +127,7 @@ class CockpitCallback(TrainerCallback):
         self.attach, self.loss_fn, self.cockpit_info = attach, loss_fn, cockpit_info
         self.report, self.prefix = report, prefix
         self.per_param, self.per_param_max = per_param, per_param_max
+        self.findings = findings
         self.host: Any = None  # the Trainer (set by CockpitMixin)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -125,10 +144,12 @@ class CockpitCallback(TrainerCallback):
             self.cockpit = Cockpit(named, self.quantities, **self.options)
             if self.attach:
                 self.cockpit.attach(model, self.loss_fn)
-        if self.report:
+        emit = functools.partial(_trainer_log, self.host) if self.report else None
+        if self.findings:
+            FindingReporter(_log_finding, emit, self.prefix).follow(self.cockpit)
+        if emit is not None:
             sinks = self.cockpit.sinks  # a second train(): one reporter, to this Trainer
             sinks[:] = [s for s in sinks if not isinstance(s, ScalarReporter)]
-            emit = functools.partial(_trainer_log, self.host)
             ScalarReporter(emit, self.prefix, self.per_param, self.per_param_max).follow(
                 self.cockpit
             )
@@ -291,6 +312,23 @@ class CockpitTrainer(CockpitMixin, Trainer):
         self.cockpit_info = cockpit_info
 
 
+def _log_finding(finding: Finding, text: str) -> None:
+    """A finding through the ``transformers`` logging, at the level of its severity."""
+    hf_logging.get_logger(LOGGER_NAME).log(_LEVELS[finding.severity], text)
+
+
 def _trainer_log(trainer: Any, step: int, scalars: dict[str, float]) -> None:
-    """Report the scalars through ``Trainer.log`` (at the Trainer's ``global_step``)."""
-    trainer.log(dict(scalars))
+    """Report the scalars of ``step`` through ``Trainer.log``, stamped with that step.
+
+    ``Trainer.log`` stamps its logs (the log history, every ``report_to`` callback) with
+    ``state.global_step``. The values of two-step quantities (``alpha``, ``update_size``) of
+    step ``t`` arrive while the Trainer is at ``t + 1``, so ``global_step`` is set to ``step``
+    for the call and restored after it.
+    """
+    state = trainer.state
+    current = state.global_step
+    state.global_step = step
+    try:
+        trainer.log(dict(scalars))
+    finally:
+        state.global_step = current

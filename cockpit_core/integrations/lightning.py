@@ -14,8 +14,10 @@ the Cockpit step opens in the first and closes in the second; with
 ``on_before_optimizer_step`` (``run.micro_batch``). The graph is kept for Hessian-vector
 products by :class:`~cockpit_core.integrations._lightning_graph.GraphKeeper`; every scalar
 goes to the Trainer's loggers (``cockpit/<quantity>/...``), the dashboard to TensorBoard
-loggers at the end. Optional: ``self.cockpit_info = {...}`` in ``training_step`` adds
-``info`` keys. See ``docs/integrations.md``. Install: ``pip install cockpit-core[lightning]``.
+loggers at the end, findings of ``diagnoses=[...]`` as rank-zero warnings and counts
+(``cockpit/findings/<severity>``). Optional: ``self.cockpit_info = {...}`` in
+``training_step`` adds ``info`` keys. See ``docs/integrations.md``. Install:
+``pip install cockpit-core[lightning]``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         "cockpit_core.integrations.lightning needs PyTorch Lightning: "
@@ -35,15 +38,21 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from cockpit_core.cockpit import Cockpit
+from cockpit_core.diagnosis import Finding
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.integrations._lightning_graph import GraphKeeper
+from cockpit_core.integrations._lightning_steps import AccumulatedStep, second_backward_message
 from cockpit_core.integrations._parameters import (
     batch_size_of,
     optimizer_of,
     reached_parameters,
     trainable_named_parameters,
 )
-from cockpit_core.integrations.reporting import ScalarReporter, dashboard_image
+from cockpit_core.integrations.reporting import (
+    FindingReporter,
+    ScalarReporter,
+    dashboard_image,
+)
 from cockpit_core.mixed_precision import loss_scale
 
 MICRO_KEYS = ("loss", "individual_losses", "batch_size")
@@ -68,6 +77,10 @@ class CockpitCallback(Callback):
             logger whose ``experiment`` has ``add_image`` (TensorBoard); others skip it.
         dashboard_dpi: Resolution of that image.
         attribute: LightningModule attribute with extra ``info`` (optional).
+        findings: Report each new finding of the Cockpits' ``diagnoses`` with Lightning's
+            ``rank_zero_warn`` (a ``CockpitWarning`` on global rank 0 only, instead of the
+            Cockpit's own) and, with ``log_to_loggers``, the number of findings so far by
+            severity as ``<prefix>/findings/<severity>``; ``False``: the Cockpit warns.
         **cockpit_options: More ``Cockpit`` options for built Cockpits (``log``,
             ``on_error``, ``sinks``, ``backend``, ...). With several optimizers, ``log``
             ``run.jsonl`` becomes ``run.optimizer_<i>.jsonl``.
@@ -97,6 +110,7 @@ class CockpitCallback(Callback):
         dashboard: bool = True,
         dashboard_dpi: int = 60,
         attribute: str = "cockpit_info",
+        findings: bool = True,
         **cockpit_options: Any,
     ):
         super().__init__()
@@ -114,10 +128,10 @@ class CockpitCallback(Callback):
         self.log_to_loggers, self.prefix = log_to_loggers, prefix
         self.per_param, self.per_param_max = per_param, per_param_max
         self.dashboard, self.dashboard_dpi = dashboard, dashboard_dpi
-        self.attribute = attribute
+        self.attribute, self.findings = attribute, findings
         self._keeper = GraphKeeper()
         self._run: Any = None  # the open step without accumulation
-        self._window: _Window | None = None  # the open step with accumulation
+        self._window: AccumulatedStep | None = None  # the open step with accumulation
         self._accumulate = 1
         self._batch_size: int | None = None
         self._steps: dict[int, int] = {}  # optimizer index -> step() calls so far
@@ -156,10 +170,13 @@ class CockpitCallback(Callback):
                 f"LightningModule configures {len(optimizers)} optimizer(s)."
             )
         self._keeper.install(trainer)
-        if self.log_to_loggers and trainer.loggers:
-            for index, cp in self.cockpits.items():
+        logged = self.log_to_loggers and bool(trainer.loggers)
+        emit = functools.partial(_log_metrics, trainer) if logged else None
+        for index, cp in self.cockpits.items():
+            if self.findings:
+                FindingReporter(_warn_finding, emit, self._prefix(index)).follow(cp)
+            if emit is not None:
                 cp.sinks[:] = [s for s in cp.sinks if not isinstance(s, ScalarReporter)]
-                emit = functools.partial(_log_metrics, trainer)
                 ScalarReporter(
                     emit, self._prefix(index), self.per_param, self.per_param_max
                 ).follow(cp)
@@ -200,7 +217,7 @@ class CockpitCallback(Callback):
             self._micro_batch(cp, step, info)
             return
         if self._last.get(id(cp)) == step:
-            raise MisuseError(self._twice_message(index, step))
+            raise MisuseError(second_backward_message(index, step, self._batches - 1))
         self._last[id(cp)] = step
         self._run = cp(step, info=info)
         self._run.__enter__()
@@ -285,29 +302,19 @@ class CockpitCallback(Callback):
             step_info = {k: v for k, v in info.items() if k not in MICRO_KEYS}
             run = cp(step, info={**step_info, "batch_size": total}, accumulate=True)
             run.__enter__()
-            self._window = _Window(run)
+            self._window = AccumulatedStep(run)
         window = self._window
         window.sizes.append(size)
         window.micro = window.run.micro_batch({k: info[k] for k in MICRO_KEYS if k in info})
         window.micro.__enter__()
 
-    def _check_window(self, window: _Window) -> None:
+    def _check_window(self, window: AccumulatedStep) -> None:
         """Warn once if the accumulated batch was not ``K`` equal micro-batches."""
-        if len(window.sizes) == self._accumulate and len(set(window.sizes)) == 1:
-            return
-        if "window" in self._warned:
+        message = window.uneven(self._accumulate)
+        if message is None or "window" in self._warned:
             return
         self._warned.add("window")
-        warnings.warn(
-            f"cockpit: an accumulated step had micro-batches of sizes {window.sizes} instead "
-            f"of {self._accumulate} of size {window.sizes[0]}. Lightning divides each "
-            f"micro-batch's loss by accumulate_grad_batches={self._accumulate}, so the "
-            "accumulated gradient is not the mean over the samples and that step's "
-            "per-sample statistics are not exact. Use a number of batches per epoch divisible "
-            "by accumulate_grad_batches and equal batches (drop_last=True).",
-            CockpitWarning,
-            stacklevel=2,
-        )
+        warnings.warn(message, CockpitWarning, stacklevel=2)
 
     def _log_dashboards(self, trainer: Any) -> None:
         """The dashboard of each Cockpit into every logger with ``experiment.add_image``."""
@@ -358,36 +365,6 @@ class CockpitCallback(Callback):
             return self._batches - 1
         return self._steps.get(index, 0)
 
-    def _twice_message(self, index: int | None, step: int) -> str:
-        which = "the Cockpit" if index is None else f"the Cockpit of optimizer {index}"
-        if index is None:
-            fix = (
-                "Its parameters belong to several optimizers, each with its own backward "
-                "pass: give each optimizer its own Cockpit, CockpitCallback({0: Cockpit("
-                "params_of_opt_0, ...), 1: Cockpit(params_of_opt_1, ...)})."
-            )
-        else:
-            fix = (
-                "Call the optimizer's step() after each manual_backward() it tracks (gradient "
-                "accumulation in manual optimization is not supported), or set "
-                "self.cockpit_info['optimizer_index'] to the optimizer each backward pass "
-                "belongs to."
-            )
-        return (
-            f"CockpitCallback: {which} would see a second backward pass at its step {step} "
-            f"(training batch {self._batches - 1}) before its optimizer stepped; a Cockpit "
-            f"tracks one backward pass per step. {fix}"
-        )
-
-
-class _Window:
-    """An accumulated step: its ``with cp(..., accumulate=True)`` run and micro-batches."""
-
-    def __init__(self, run: Any):
-        self.run = run
-        self.micro: Any = None
-        self.sizes: list[int | None] = []
-
 
 def _given(cockpit: Any) -> dict[int | None, Cockpit]:
     """``{optimizer index or None: Cockpit}`` of a Cockpit or a mapping of Cockpits."""
@@ -403,6 +380,11 @@ def _given(cockpit: Any) -> dict[int | None, Cockpit]:
         "CockpitCallback needs a Cockpit, a mapping {optimizer_index: Cockpit}, or "
         "quantities=... (e.g. CockpitCallback(quantities='economy'))."
     )
+
+
+def _warn_finding(finding: Finding, text: str) -> None:
+    """A finding as Lightning's rank-zero warning: shown by global rank 0 only."""
+    rank_zero_warn(text, category=CockpitWarning)
 
 
 def _log_metrics(trainer: Any, step: int, scalars: dict[str, float]) -> None:

@@ -5,7 +5,9 @@ record into ``{tag: float}`` with the tag names of every other tracker sink
 (:class:`cockpit_core.log.scalars.TagMap`: ``cockpit/loss``, ``cockpit/grad_norm/total``,
 ``cockpit/hess_max_ev/value``, ...) and passes it, with the record's step, to the host's
 ``emit(step, scalars)``: Lightning's ``logger.log_metrics``, the Hugging Face Trainer's
-``log``. :func:`dashboard_image` renders the dashboard as an RGB array for loggers that
+``log``. :class:`FindingReporter` hands each new finding of the Cockpit's diagnoses to the
+host (its warning or logging utility) and the number of findings so far by severity to
+``emit``. :func:`dashboard_image` renders the dashboard as an RGB array for loggers that
 take images.
 """
 
@@ -18,10 +20,12 @@ from typing import Any
 import numpy as np
 
 from cockpit_core.cockpit import Cockpit
+from cockpit_core.diagnosis import SEVERITIES, Finding
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.scalars import Scalar, TagMap
 
 Emit = Callable[[int, dict[str, float]], None]
+Announce = Callable[[Finding, str], None]
 
 
 class ScalarReporter:
@@ -67,6 +71,71 @@ class ScalarReporter:
             }
             if scalars:
                 self.emit(int(record["step"]), scalars)
+
+
+def finding_text(finding: Finding, label: str = "cockpit") -> str:
+    """``"<label>: <finding.line()>. <suggestion>"``, the words of the core's warning."""
+    text = f"{label}: {finding.line()}"
+    return f"{text}. {finding.suggestion}" if finding.suggestion else text
+
+
+class FindingReporter:
+    """Reports a Cockpit's new findings through the host instead of a ``CockpitWarning``.
+
+    Each new finding goes to ``announce(finding, text)`` (the host's warning or logging
+    utility; ``text`` is :func:`finding_text`), once, and with ``emit`` the number of
+    findings so far of each severity to ``emit(step, {"<prefix>/findings/<severity>": n})``
+    at the latest step the Cockpit completed: a step function per severity whose rises
+    mark when findings were reported and whose last value is the count in ``cp.findings``.
+    The log and the other sinks get the ``finding`` records as without a reporter.
+
+    ``announce`` raising propagates as the core's warning would (e.g. under a warnings
+    filter ``"error"``); ``emit`` raising is warned about once and the counts stop.
+
+    Args:
+        announce: Receives each new finding and its text.
+        emit: Receives the counts (``None``: no counts, e.g. the host's loggers are off).
+        prefix: First part of the count tags and the label of the text (``"cockpit"``).
+
+    """
+
+    def __init__(self, announce: Announce, emit: Emit | None = None, prefix: str = "cockpit"):
+        self.announce, self.emit = announce, emit
+        self.prefix = prefix.strip("/")
+        self.counts = dict.fromkeys(SEVERITIES, 0)
+        self._tracker: Any = None  # the followed Cockpit's Tracker
+        self._step = 0
+
+    def follow(self, cp: Cockpit) -> FindingReporter:
+        """Report ``cp``'s findings from now on (its earlier ones are counted).
+
+        Sets the Cockpit's ``Tracker.on_finding``, which replaces its own warning.
+        """
+        for finding in cp.findings:
+            self.counts[finding.severity] += 1
+        self._tracker = cp._tracker
+        self._tracker.on_finding = self  # instead of the core's warning (tracker.py)
+        return self
+
+    def __call__(self, finding: Finding) -> None:
+        """Take one new finding."""
+        self.counts[finding.severity] += 1
+        self.announce(finding, finding_text(finding, self.prefix or "cockpit"))
+        if self.emit is None:
+            return
+        done = None if self._tracker is None else self._tracker.last_step
+        self._step = max(self._step, finding.last_step, 0 if done is None else done)
+        tag = f"{self.prefix}/findings" if self.prefix else "findings"
+        try:
+            self.emit(self._step, {f"{tag}/{s}": float(n) for s, n in self.counts.items()})
+        except Exception as err:  # a logger failing must not hide the next findings
+            self.emit = None
+            warnings.warn(
+                f"cockpit: the finding counts could not be logged and are no longer sent: "
+                f"{err} ({type(err).__name__}); findings are still reported.",
+                CockpitWarning,
+                stacklevel=2,
+            )
 
 
 def dashboard_image(cp: Cockpit, dpi: int = 60) -> np.ndarray | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import importlib
 import os
 from types import ModuleType
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from cockpit_core import Cockpit, extend
+from cockpit_core import Cockpit, Registry, extend, hookimpl
+from cockpit_core.diagnosis import Diagnosis, Finding, Window
 
 # loss and gradient norm, two gradient tests (norm: SUM_GRAD_SQUARED, inner: projections)
 # and the GSNR: every kind of first-order statistic the hosts must feed correctly
@@ -34,6 +36,16 @@ def import_framework(name: str) -> ModuleType:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"{name} not usable here: {err!r}", allow_module_level=True)
+
+
+def read_csv(path) -> dict[int, dict[str, float]]:
+    """``{step: {column: value}}`` of a Lightning ``CSVLogger`` file (rows of a step merged)."""
+    out: dict[int, dict[str, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            values = {k: float(v) for k, v in row.items() if k != "step" and v != ""}
+            out.setdefault(int(row["step"]), {}).update(values)
+    return out
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
@@ -259,3 +271,52 @@ def assert_logged_match(logged: dict[int, dict[str, float]], rtol: float = 1e-5)
         loss, max_ev = exact_loss_and_max_ev(states[step])
         assert logged[step]["cockpit/loss"] == pytest.approx(loss, rel=1e-6)
         assert logged[step]["cockpit/hess_max_ev/value"] == pytest.approx(max_ev, rel=1e-3)
+
+
+# -- a third-party diagnosis that fires deterministically -----------------------------
+
+
+class Fires(Diagnosis):
+    """Fires at every tracked step with a loss: a warning each, an error at step 1, an info at 0.
+
+    Over ``STEPS`` = 2 steps: 2 warnings, 1 error, 1 info, each reported when its step's
+    loss is recorded.
+    """
+
+    name = "fires"
+    reads = ("loss",)
+    source = "a test rule"
+
+    def check(self, window: Window) -> list[Finding]:
+        steps = window.steps
+        out = [
+            self.finding("always", "warning", s, s, "the test rule fired", {"step": s}, "A test.")
+            for s in steps
+        ]
+        if steps:
+            out.append(self.finding("first", "info", steps[0], steps[0], "first step", {}))
+        if 1 in steps:
+            out.append(self.finding("one", "error", 1, 1, "step one", {}, "Stop."))
+        return out
+
+
+FIRES_EXPECTED = {"info": 1, "warning": 2, "error": 1}  # over STEPS steps
+
+
+class _FiresPlugin:
+    @hookimpl
+    def register_diagnoses(self, register):
+        register(Fires)
+
+
+def fires_registry() -> Registry:
+    """The installed plugins and the test plugin registering ``fires``."""
+    registry = Registry.from_entry_points()
+    info = registry.add_plugin(_FiresPlugin(), name="fires_plugin")
+    assert info.ok, info.error
+    return registry
+
+
+def severity_counts(findings: list[Finding]) -> dict[str, int]:
+    """``{severity: number of findings}`` over the three severities."""
+    return {s: sum(f.severity == s for f in findings) for s in ("info", "warning", "error")}

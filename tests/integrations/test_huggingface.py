@@ -8,6 +8,7 @@ clipping, the GradScaler, the deprecated ``CockpitTrainer`` and the errors.
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import (  # noqa: E402
     CLIP,
+    FIRES_EXPECTED,
     LR,
     QUANTITIES,
     STEPS,
@@ -27,20 +29,25 @@ from _common import (  # noqa: E402
     assert_outputs_equal,
     assert_params_equal,
     data,
+    fires_registry,
     import_framework,
     make_model,
     plain_model,
     reference,
+    severity_counts,
+    stock_reference,
 )
 
 transformers = import_framework("transformers")
 
 from cockpit_core import Cockpit, CockpitWarning, MisuseError, extend  # noqa: E402
 from cockpit_core.integrations.huggingface import (  # noqa: E402
+    LOGGER_NAME,
     CockpitCallback,
     CockpitMixin,
     CockpitTrainer,
 )
+from cockpit_core.integrations.reporting import finding_text  # noqa: E402
 
 
 class Data(torch.utils.data.Dataset):
@@ -171,6 +178,87 @@ def test_the_callback_without_the_mixin_and_the_mixin_without_the_callback_are_e
         Tracked(model=Features(), args=_args(tmp_path), train_dataset=Data("features"))
 
 
+# -- findings of diagnoses=[...] ---------------------------------------------------------
+
+
+class Records(logging.Handler):
+    """Keeps every record it handles."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def finding_records():
+    """What the findings logger emits, on its own handler (transformers' root logger
+    propagates to the root logger only with ``CI`` set)."""
+    handler = Records()
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.addHandler(handler)
+    level = transformers.utils.logging.get_verbosity()
+    yield lambda: list(handler.records)
+    logger.removeHandler(handler)
+    transformers.utils.logging.set_verbosity(level)  # the Trainer set log_level globally
+
+
+def _train_diagnosed(tmp_path, **options):
+    """Train ``STEPS`` steps with the test diagnosis ``fires``; also the CockpitWarnings."""
+    callback = CockpitCallback(
+        quantities=["loss", "grad_norm"],
+        diagnoses=["fires"],
+        registry=fires_registry(),
+        log=tmp_path / "run.jsonl",
+        **options,
+    )
+    args = _args(tmp_path, remove_unused_columns=False, log_level="info")  # info findings too
+    trainer = Tracked(
+        model=Features(), args=args, train_dataset=Data("features"), callbacks=[callback]
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    fired = [str(w.message) for w in caught if issubclass(w.category, CockpitWarning)]
+    return trainer, callback.cockpit, [m for m in fired if "fires:" in m]
+
+
+def test_findings_are_logged_by_transformers_once_and_counted_in_the_log_history(
+    tmp_path, finding_records
+):
+    """``report_to`` none: the counts still reach the Trainer's log history."""
+    trainer, cp, warned = _train_diagnosed(tmp_path)
+
+    assert severity_counts(cp.findings) == FIRES_EXPECTED
+    assert warned == []  # the Cockpit's own warning is off: no second report
+    levels = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+    got = [(r.levelno, r.getMessage()) for r in finding_records()]
+    assert got == [(levels[f.severity], finding_text(f)) for f in cp.findings]  # each once
+    assert (logging.WARNING, "cockpit: WARNING fires: the test rule fired (step 1). A test.") in got
+    history = {}
+    for entry in trainer.state.log_history:
+        history.setdefault(entry["step"], {}).update(entry)
+    counts = {s: {k: history[s][f"cockpit/findings/{k}"] for k in FIRES_EXPECTED} for s in (0, 1)}
+    assert counts == {0: {"info": 1, "warning": 1, "error": 0}, 1: FIRES_EXPECTED}
+
+
+def test_findings_without_reporting_are_still_logged_and_false_leaves_the_core_warning(
+    tmp_path, finding_records
+):
+    trainer, cp, warned = _train_diagnosed(tmp_path / "a", report=False)
+    assert [r.getMessage() for r in finding_records()] == [finding_text(f) for f in cp.findings]
+    assert warned == [] and len(cp.findings) == 4
+    assert not any("cockpit/findings/warning" in e for e in trainer.state.log_history)
+
+    count = len(finding_records())
+    trainer, cp, warned = _train_diagnosed(tmp_path / "b", findings=False)
+    assert len(finding_records()) == count  # nothing more through transformers
+    assert warned == [f"cockpit: {f.line()}. {f.suggestion}" for f in cp.findings]  # the core's
+    assert not any("cockpit/findings/warning" in e for e in trainer.state.log_history)
+
+
 # -- ready Cockpits, BackPACK-extended HF-style models --------------------------------------
 
 
@@ -231,3 +319,48 @@ def test_mixin_passes_the_accelerators_grad_scaler(tmp_path):
     expected, params = reference()
     assert_outputs_equal(cp.get_output(), expected)
     assert_params_equal(model.net.parameters(), params)
+
+
+def test_two_step_values_are_reported_at_their_own_step(tmp_path, monkeypatch):
+    """``update_size`` of step t arrives at step t + 1 and is still logged at step t.
+
+    Reference: the float64 norm of the change of the parameters of a hand-written loop
+    (SGD, all 16 samples per step).
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    callback = CockpitCallback(quantities=["loss", "update_size"], on_error="raise")
+    args = _args(
+        tmp_path,
+        learning_rate=STOCK_LR,
+        report_to=["tensorboard"],
+        remove_unused_columns=False,
+    )
+    trainer = Tracked(
+        model=Features(), args=args, train_dataset=Data("features"), callbacks=[callback]
+    )
+    trainer.train()
+
+    _, states = stock_reference(STEPS)
+    final = [p.detach().clone() for p in trainer.model.parameters()]
+    after = states[1:] + [final]
+    expected = {
+        t: torch.cat([(b - a).double().flatten() for a, b in zip(states[t], after[t])]).norm()
+        for t in range(STEPS)
+    }
+    history = {
+        entry["step"]: entry["cockpit/update_size/total"]
+        for entry in trainer.state.log_history
+        if "cockpit/update_size/total" in entry
+    }
+    output = callback.cockpit.get_output()
+    assert len(history) >= STEPS - 1
+    assert history == {s: output[s]["update_size"]["total"] for s in history}
+    for step, value in history.items():
+        assert value == pytest.approx(float(expected[step]), rel=1e-5)
+    assert trainer.state.global_step == STEPS  # restored after each report
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    board = {e.step: e.value for e in events.Scalars("train/cockpit/update_size/total")}
+    assert board == pytest.approx(history, rel=1e-6)

@@ -9,7 +9,6 @@ others pass ready Cockpits (the earlier API, still supported) to modules that se
 from __future__ import annotations
 
 import contextlib
-import csv
 import sys
 import warnings
 from pathlib import Path
@@ -35,6 +34,7 @@ from _common import (  # noqa: E402
     import_framework,
     make_model,
     plain_model,
+    read_csv,
     reference,
 )
 
@@ -91,15 +91,6 @@ def _fit_stock(tmp_path, logger, accumulate=1, manual=False, samples=16, **callb
     return trainer, callback
 
 
-def _read_csv(path) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            values = {k: float(v) for k, v in row.items() if k != "step" and v != ""}
-            out.setdefault(int(row["step"]), {}).update(values)
-    return out
-
-
 @pytest.mark.parametrize(("accumulate", "manual"), [(2, False), (1, True)])
 def test_stock_module_logs_the_values_of_a_hand_written_loop_to_csv(tmp_path, accumulate, manual):
     """Accumulating 2 micro-batches of 8 gives the statistics of the batch of 16.
@@ -109,7 +100,7 @@ def test_stock_module_logs_the_values_of_a_hand_written_loop_to_csv(tmp_path, ac
     logger = pl.loggers.CSVLogger(tmp_path, name="csv")
     trainer, callback = _fit_stock(tmp_path, logger, accumulate, manual, dashboard=False)
     assert callback.cockpit.errors == [] and callback.cockpit.skipped == []
-    assert_logged_match(_read_csv(Path(logger.log_dir) / "metrics.csv"))
+    assert_logged_match(read_csv(Path(logger.log_dir) / "metrics.csv"))
 
 
 def test_stock_module_logs_scalars_and_the_dashboard_to_tensorboard(tmp_path):
@@ -311,7 +302,7 @@ def test_built_cockpits_one_per_optimizer_log_under_their_index(tmp_path):
     trainer.fit(TwoOptimizers(), loader)
 
     expected = _two_optimizer_reference(x, y)
-    logged = _read_csv(Path(logger.log_dir) / "metrics.csv")
+    logged = read_csv(Path(logger.log_dir) / "metrics.csv")
     for i in (0, 1):
         assert_outputs_equal(callback.cockpits[i].get_output(), expected[i])
         assert (tmp_path / f"run.optimizer_{i}.jsonl").exists()
