@@ -119,6 +119,7 @@ class Window:
         self.skipped = list(skipped)
         self.header = dict(header or {})
         self.cost = list(cost)
+        self._arrays: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def steps(self) -> list[int]:
@@ -147,11 +148,22 @@ class Window:
         """``(step, value)`` of every step that holds ``key``."""
         return [(s, v[key]) for s, v in self.output.items() if key in v]
 
+    def _memo(self, name: str, compute: Any, *args: str) -> tuple[np.ndarray, np.ndarray]:
+        """``compute(*args)``, once per window (rules share keys); each caller gets copies."""
+        key = (name, *args)
+        if key not in self._arrays:
+            self._arrays[key] = compute(*args)
+        steps, values = self._arrays[key]
+        return steps.copy(), values.copy()
+
     def series(self, key: str, *path: str) -> tuple[np.ndarray, np.ndarray]:
         """Steps and float64 values of ``key`` (``path`` picks a field, e.g. ``"total"``).
 
         A value that is missing at the path or not a number reads as NaN.
         """
+        return self._memo("series", self._series, key, *path)
+
+    def _series(self, key: str, *path: str) -> tuple[np.ndarray, np.ndarray]:
         steps, out = [], []
         for step, value in self.values(key):
             for part in path:
@@ -171,6 +183,9 @@ class Window:
 
         Steps whose array has another length than the first one are left out.
         """
+        return self._memo("per_param", self._per_param, key)
+
+    def _per_param(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         steps: list[int] = []
         rows: list[np.ndarray] = []
         for step, value in self.values(key):

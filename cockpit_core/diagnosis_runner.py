@@ -5,8 +5,9 @@ tracked steps of the quantities in their ``reads``, the ``skipped`` records, and
 ``cost`` records if a diagnosis reads them) and runs the diagnoses over it. Each check looks
 at the whole window, so checking at every step would cost ``O(window)`` per step; the runner
 checks once every ``len(window) // CHECKS_PER_WINDOW`` new steps (every step while the
-window is short, every 10th at the full 500), so rules cost a bounded amount per step, and
-always once more at :meth:`DiagnosisRunner.finish`.
+window is short, every 25th at the full 500), so rules cost a bounded amount per step
+(``benchmarks/results/diagnoses_online.md``), and always once more at
+:meth:`DiagnosisRunner.finish`.
 
 Each finding is reported once, by id. A finding seen again later (a longer stretch of the
 same condition) updates the stored one; so does one of the same diagnosis and kind whose
@@ -24,7 +25,7 @@ from typing import Any
 from cockpit_core.diagnose import run_checks
 from cockpit_core.diagnosis import Diagnosis, Finding, Window
 
-CHECKS_PER_WINDOW = 50
+CHECKS_PER_WINDOW = 20
 """A full check runs after ``len(window) // CHECKS_PER_WINDOW`` new steps (at least 1)."""
 
 

@@ -28,21 +28,21 @@ def values(step, loss):
     return {"kind": "values", "step": step, "values": {"loss": loss}}
 
 
-def test_checks_run_every_len_window_over_50_new_steps():
+def test_checks_run_every_len_window_over_20_new_steps():
     seen = []
     runner = DiagnosisRunner([Positive(seen)], max_steps=500)
     for step in range(700):
         runner.observe(values(step, -1.0))
-    expected, new = [], 0  # the rule: check when the new steps reach len(window) // 50
+    expected, new = [], 0  # the rule: check when the new steps reach len(window) // 20
     for step in range(700):
         new += 1
         if new >= max(1, min(step + 1, 500) // CHECKS_PER_WINDOW):
             expected.append(step)
             new = 0
     assert seen == expected
-    assert seen[:100] == list(range(99)) + [100]  # every step while the window is short
-    assert [b - a for a, b in zip(seen[-5:], seen[-4:])] == [10] * 4  # full window of 500
-    assert seen[-1] == 697  # steps 698 and 699 wait for the next check
+    assert seen[:40] == list(range(39)) + [40]  # every step while the window is short
+    assert [b - a for a, b in zip(seen[-5:], seen[-4:])] == [25] * 4  # full window of 500
+    assert seen[-1] == 685  # steps 686 to 699 wait for the next check
     runner.finish()
     assert seen[-1] == 699  # finish checks what came since the last check
     runner.finish()

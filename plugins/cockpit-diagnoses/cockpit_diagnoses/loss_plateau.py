@@ -42,18 +42,17 @@ class LossPlateau(Diagnosis):
         steps, loss = window.finite_series("loss")
         w = cfg.window
         stretches: list[list] = []
-        for i in range(len(loss) - w + 1):
-            x, y = steps[i : i + w].astype(np.float64), loss[i : i + w]
-            slope, intercept = np.polyfit(x, y, 1)
-            start, end = slope * x[0] + intercept, slope * x[-1] + intercept
-            drop = (start - end) / abs(start) if start else 0.0
-            if drop >= cfg.min_decrease:
-                continue
+        if len(loss) < w:
+            return []
+        start, end = trend_ends(steps.astype(np.float64), loss, w)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drop = np.where(start != 0, (start - end) / np.abs(start), 0.0)
+        for i in np.nonzero(drop < cfg.min_decrease)[0].tolist():
             if stretches and i <= stretches[-1][2] + 1:
                 stretches[-1][1:3] = [int(steps[i + w - 1]), i + w - 1]
             else:
                 stretches.append(
-                    [int(steps[i]), int(steps[i + w - 1]), i + w - 1, start, end, drop]
+                    [int(steps[i]), int(steps[i + w - 1]), i + w - 1, start[i], end[i], drop[i]]
                 )
         return [
             self.finding(
@@ -75,3 +74,17 @@ class LossPlateau(Diagnosis):
             )
             for first, last, _, start, end, drop in stretches
         ]
+
+
+def trend_ends(x: np.ndarray, y: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end values of the least-squares line through each ``w`` consecutive points.
+
+    Entry ``i`` belongs to the points ``i .. i + w - 1``. Each window is centred before the
+    fit (slope ``sum(dx dy) / sum(dx^2)``), so large step numbers lose no precision.
+    """
+    xs = np.lib.stride_tricks.sliding_window_view(x, w)
+    ys = np.lib.stride_tricks.sliding_window_view(y, w)
+    x_mean, y_mean = xs.mean(axis=1), ys.mean(axis=1)
+    dx = xs - x_mean[:, None]
+    slope = (dx * (ys - y_mean[:, None])).sum(axis=1) / (dx * dx).sum(axis=1)
+    return y_mean + slope * (xs[:, 0] - x_mean), y_mean + slope * (xs[:, -1] - x_mean)

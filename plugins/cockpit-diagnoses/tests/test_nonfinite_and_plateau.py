@@ -2,9 +2,11 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from cockpit_diagnoses import LossPlateau, NonFinite
+from cockpit_diagnoses.loss_plateau import trend_ends
 
 from cockpit_core.diagnosis import Window
 from cockpit_core.log import read_run
@@ -55,3 +57,15 @@ def test_a_tiny_learning_rate_plateaus_within_60_steps(run, seed):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_learning_run_has_no_plateau(run, seed):
     assert LossPlateau().check(Window(run(["loss"], steps=60, lr=0.3, batch=128, seed=seed))) == []
+
+
+@pytest.mark.parametrize("offset", [0, 10**6])
+def test_trend_ends_equal_a_least_squares_fit_per_window(offset):
+    rng = np.random.default_rng(0)
+    x = offset + np.cumsum(rng.integers(1, 4, size=40)).astype(np.float64)
+    y = rng.normal(size=40)
+    start, end = trend_ends(x, y, 7)
+    for i in range(len(x) - 6):
+        slope, intercept = np.polyfit(x[i : i + 7] - x[i], y[i : i + 7], 1)
+        assert start[i] == pytest.approx(intercept, rel=1e-9, abs=1e-12)
+        assert end[i] == pytest.approx(slope * (x[i + 6] - x[i]) + intercept, rel=1e-9, abs=1e-12)
