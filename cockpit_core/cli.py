@@ -273,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll", type=float, default=2.0, help="seconds between the page's updates (default 2)"
     )
     p.add_argument("--title", default=None, help="page title (default: the runs' names)")
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="run the installed diagnoses over each log whenever it grew (default: show the "
+        "findings recorded while training)",
+    )
     p.set_defaults(func=commands.cmd_serve)
 
     p = sub.add_parser(

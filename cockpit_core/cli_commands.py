@@ -327,7 +327,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not args.poll > 0:
         args.usage_error(f"argument --poll: must be above 0, got {args.poll}")
-    serve(args.runs, host=args.host, port=args.port, poll_seconds=args.poll, title=args.title)
+    serve(
+        args.runs,
+        host=args.host,
+        port=args.port,
+        poll_seconds=args.poll,
+        title=args.title,
+        diagnose=args.diagnose,
+    )
     return 0
 
 

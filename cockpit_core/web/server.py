@@ -86,9 +86,15 @@ def make_server(
     port: int = DEFAULT_PORT,
     poll_seconds: float = 2.0,
     title: str | None = None,
+    diagnose: bool = False,
 ) -> WebServer:
-    """A :class:`WebServer` for the runs at ``paths``, bound but not yet serving."""
-    return WebServer(Feed(paths, title=title), (host, port), poll_seconds)
+    """A :class:`WebServer` for the runs at ``paths``, bound but not yet serving.
+
+    With ``diagnose`` the installed diagnoses run over each log whenever it grew
+    (:class:`~cockpit_core.web.feed.Feed`); otherwise the page shows the findings the logs
+    recorded while training.
+    """
+    return WebServer(Feed(paths, title=title, diagnose=diagnose), (host, port), poll_seconds)
 
 
 def serve(
@@ -98,9 +104,14 @@ def serve(
     poll_seconds: float = 2.0,
     title: str | None = None,
     announce: Callable[[str], Any] = print,
+    diagnose: bool = False,
 ) -> None:
-    """Serve the web view of the runs at ``paths`` until interrupted (Ctrl-C)."""
-    with make_server(paths, host, port, poll_seconds, title) as server:
+    """Serve the web view of the runs at ``paths`` until interrupted (Ctrl-C).
+
+    ``diagnose``: run the installed diagnoses over each log when it grew (see
+    :func:`make_server`).
+    """
+    with make_server(paths, host, port, poll_seconds, title, diagnose) as server:
         announce(f"Serving the cockpit web view of {len(server.feed.runs)} run(s) at {server.url}")
         try:
             server.serve_forever()

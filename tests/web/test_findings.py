@@ -99,3 +99,20 @@ def test_healthy_log_has_no_findings(tmp_path):
     payload = Feed([log], diagnose=True).payload()
     assert payload["findings"] == []
     assert all("shapes" not in p["figure"]["layout"] for p in payload["panels"])
+
+
+def test_serve_with_diagnose_runs_the_rules_over_a_log_recorded_without_them(tmp_path, monkeypatch):
+    from cockpit_core.web import make_server
+
+    log = _dead_log(tmp_path / "dead.jsonl", None)  # no diagnoses while training
+    with make_server([log], port=0) as server:
+        assert server.feed.payload()["findings"] == []  # only what the log recorded
+    with make_server([log], port=0, diagnose=True) as server:
+        (entry,) = server.feed.payload()["findings"]
+    assert entry["id"] == "dead_layers@0" and entry["panels"] == ["grad_norm"]
+    assert (entry["first_step"], entry["last_step"]) == (0, STEPS - 1)
+    # the command line passes --diagnose through
+    seen = {}
+    monkeypatch.setattr("cockpit_core.web.serve", lambda runs, **kw: seen.update(kw))
+    assert main(["serve", str(log), "--diagnose"]) == 0 and seen["diagnose"] is True
+    assert main(["serve", str(log)]) == 0 and seen["diagnose"] is False
