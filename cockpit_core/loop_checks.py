@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -342,6 +343,26 @@ class ParameterWatch:
             "so quantities count them as zero and the new layer's parameters are not tracked. "
             "Build a new Cockpit from the new model's parameters."
         )
+
+
+def gradient_marks(params: Sequence[torch.Tensor]) -> list[tuple[Any, int] | None]:
+    """What each ``p.grad`` is now (a weak reference and its version), to see changes."""
+    marks: list[tuple[Any, int] | None] = []
+    for p in params:
+        g = p.grad
+        marks.append(None if g is None else (weakref.ref(g), g._version))
+    return marks
+
+
+def gradients_changed(params: Sequence[torch.Tensor], marks: list) -> bool:
+    """Whether some parameter's gradient was set or changed since :func:`gradient_marks`."""
+    for p, mark in zip(params, marks):
+        g = p.grad
+        if g is None:
+            continue
+        if mark is None or mark[0]() is not g or g._version != mark[1]:
+            return True
+    return False
 
 
 def no_backward_reason(step: int) -> str:

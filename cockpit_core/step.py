@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from cockpit_core import loop_checks, mixed_precision
 from cockpit_core.accumulation import merge_info, merge_stats, micro_batch_size
@@ -95,7 +93,7 @@ class StepRun:
         if late and not self.accumulate:  # micro-batches' forward passes come inside the block
             self.unobserved = self.unobserved or self._warn_late_requests(late)
         self._warn_batch_norm()
-        self.marks = gradient_marks(tracker.params)
+        self.marks = loop_checks.gradient_marks(tracker.params)
         if (self.merged.statistics or self.routed) and not self.accumulate:
             batch_size = self.info.get("batch_size") or len(self.info.get("individual_losses", ()))
             self._backend_ctx = tracker.router.collect(
@@ -292,7 +290,7 @@ class StepRun:
         if (
             self.tasks
             and tracker.dist is None
-            and not gradients_changed(tracker.params, self.marks)
+            and not loop_checks.gradients_changed(tracker.params, self.marks)
         ):
             tracker.policy.skip(
                 step,
@@ -407,23 +405,3 @@ class StepRun:
         )
         if message is not None:
             tracker.policy.warn_once(("", "per-sample mean"), message, stacklevel=6)
-
-
-def gradient_marks(params: Sequence[torch.Tensor]) -> list[tuple[Any, int] | None]:
-    """What each ``p.grad`` is now (a weak reference and its version), to see changes."""
-    marks: list[tuple[Any, int] | None] = []
-    for p in params:
-        g = p.grad
-        marks.append(None if g is None else (weakref.ref(g), g._version))
-    return marks
-
-
-def gradients_changed(params: Sequence[torch.Tensor], marks: list) -> bool:
-    """Whether some parameter's gradient was set or changed since :func:`gradient_marks`."""
-    for p, mark in zip(params, marks):
-        g = p.grad
-        if g is None:
-            continue
-        if mark is None or mark[0]() is not g or g._version != mark[1]:
-            return True
-    return False

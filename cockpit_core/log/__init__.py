@@ -36,6 +36,7 @@ every tracker.
 from __future__ import annotations
 
 from cockpit_core.log.atomic import write_json_atomic
+from cockpit_core.log.data import LogData
 from cockpit_core.log.decode import LogFormatError, UnsafeLogError, loads
 from cockpit_core.log.encode import (
     Placeholder,
@@ -55,7 +56,7 @@ from cockpit_core.log.format import (
     MAX_VALUE_DEPTH,
     PLACEHOLDER_PREFIX,
 )
-from cockpit_core.log.read import LogData, read_log, read_records, read_run
+from cockpit_core.log.read import read_log, read_records, read_run
 from cockpit_core.log.write import LogWriter, check_log_path
 
 __all__ = [

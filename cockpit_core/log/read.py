@@ -1,12 +1,13 @@
-"""Reading logs back, bounded: :class:`LogData`, :func:`read_run`, :func:`read_log`.
+"""Reading log files back, bounded: :func:`read_run`, :func:`read_log`, :func:`read_records`.
 
 Reads a JSON Lines log (several runs; for every step the latest run that recorded it wins)
-or a consolidated JSON file. A line may hold at most :data:`~cockpit_core.log.MAX_LINE_BYTES`
-bytes, the arrays of a file at most :data:`~cockpit_core.log.MAX_DECODED_BYTES` plus
-:data:`~cockpit_core.log.MAX_DECODED_RATIO` bytes per byte read, a torn last line is skipped
-with a warning, and every malformed input raises :class:`~cockpit_core.log.LogFormatError`
-naming the file and the line, or saying that the file as a whole is not a cockpit log. See
-:mod:`cockpit_core.log`.
+or a consolidated JSON file into a :class:`~cockpit_core.log.data.LogData` (the records
+are folded by :mod:`cockpit_core.log.data`). A line may hold at most
+:data:`~cockpit_core.log.MAX_LINE_BYTES` bytes, the arrays of a file at most
+:data:`~cockpit_core.log.MAX_DECODED_BYTES` plus :data:`~cockpit_core.log.MAX_DECODED_RATIO`
+bytes per byte read, a torn last line is skipped with a warning, and every malformed input
+raises :class:`~cockpit_core.log.LogFormatError` naming the file and the line, or saying
+that the file as a whole is not a cockpit log. See :mod:`cockpit_core.log`.
 """
 
 from __future__ import annotations
@@ -15,102 +16,16 @@ import functools
 import json
 import re
 import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import cockpit_core.log.format as log_format
 from cockpit_core.diagnosis import SEVERITIES as FINDING_SEVERITIES
 from cockpit_core.errors import CockpitWarning
+from cockpit_core.log.data import LogData, merge_runs
 from cockpit_core.log.decode import LogFormatError, _Budget, _decode
 from cockpit_core.log.format import _RECORD_START
-from cockpit_core.metrics import METRICS_KEY, metrics_of
-
-
-@dataclass
-class LogData:
-    """A log loaded back: what the dashboard and analysis code read.
-
-    Attributes:
-        header: The last header record (without ``kind``), ``{}`` if the file has none.
-        output: ``{step: {quantity_key: value}}``, steps sorted. A step that several runs
-            recorded holds the values of the latest of them. Metrics logged with
-            ``cp.log`` are under the key ``"metrics"`` (``{name: value}``), as in
-            ``cp.get_output()``; of a step whose metrics several runs logged, the latest
-            run's metrics are kept.
-        errors: The ``error`` records (quantities that failed at a step, values written as
-            placeholders), except those of steps that a later run recorded again.
-        skipped: The ``skipped`` records (steps whose quantities were not computed, e.g.
-            because the loss was not finite), likewise.
-        headers: Every run's header, in file order (``header`` is the last). A quantity
-            added with ``cp.add`` is listed in its run's header with ``added_at``.
-        added: ``{"step": s, "quantity": {"name", "key", options...}}`` for each quantity
-            added with ``cp.add`` during a run (every run, in file order); ``step`` is the
-            first step it applies to.
-        findings: The ``finding`` records (without ``kind``) that diagnoses reported while
-            training (every run, in file order, the last record of each id; see
-            ``docs/diagnoses.md``).
-        cost: The ``cost`` records (what cockpit cost at each tracked step, see
-            :mod:`cockpit_core.cost`), by run in file order, except those of steps that a
-            later run recorded again.
-
-    """
-
-    header: dict[str, Any] = field(default_factory=dict)
-    output: dict[int, dict[str, Any]] = field(default_factory=dict)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    headers: list[dict[str, Any]] = field(default_factory=list)
-    added: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    cost: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def metrics(self) -> dict[int, dict[str, Any]]:
-        """``{step: {name: value}}`` of the steps with metrics logged by ``cp.log``."""
-        return metrics_of(self.output)
-
-    def add(self, record: Mapping[str, Any]) -> None:
-        """Fold one record of a running Cockpit (what its sinks receive) into this data.
-
-        For readers that follow a single run as it is written (the live plot, sinks that
-        draw the dashboard); :func:`read_run` reads whole files with several runs.
-        """
-        kind = record.get("kind")
-        if kind == "header":
-            self.header = {k: v for k, v in record.items() if k != "kind"}
-        elif kind == "values":
-            self.output.setdefault(int(record["step"]), {}).update(record["values"])
-        elif kind == "metrics":
-            row = self.output.setdefault(int(record["step"]), {})
-            row[METRICS_KEY] = {**row.get(METRICS_KEY, {}), **record["metrics"]}
-        elif kind == "error":
-            self.errors.append(dict(record))
-        elif kind == "skipped":
-            self.skipped.append(dict(record))
-        elif kind == "quantity_added":
-            quantities = list(self.header.get("quantities") or [])
-            quantities.append({**record["quantity"], "added_at": record["step"]})
-            self.header = {**self.header, "quantities": quantities}
-        elif kind == "finding":
-            add_finding(self.findings, record)
-        elif kind == "cost":
-            self.cost.append(dict(record))
-
-
-def add_finding(findings: list[dict[str, Any]], record: Mapping[str, Any]) -> None:
-    """Append a ``finding`` record (without ``kind``), or replace the one with its id.
-
-    A finding is logged again with the same id when its stretch grew after it was first
-    reported (``docs/log_format.md``); the last record of an id is the finding.
-    """
-    finding = {k: v for k, v in record.items() if k != "kind"}
-    for i, earlier in enumerate(findings):
-        if earlier.get("id") == finding.get("id"):
-            findings[i] = finding
-            return
-    findings.append(finding)
 
 
 def _limits(max_line_bytes: int | None, max_array_elements: int | None) -> tuple[int, int]:
@@ -232,82 +147,6 @@ def _is_quantity_entry(entry: Any) -> bool:
         and isinstance(entry.get("name"), str)
         and isinstance(entry.get("key"), str)
     )
-
-
-def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "header": header,
-        "steps": set(),
-        "values": {},
-        "events": [],
-        "metrics": {},
-        "added": [],
-        "findings": [],
-        "cost": [],
-    }
-
-
-def _assemble(records: Iterator[dict[str, Any]]) -> LogData:
-    """Merge the runs of a log: the latest run that records a step decides that step."""
-    runs = [_new_run()]
-    for record in records:
-        kind = record.get("kind")
-        run = runs[-1]
-        if kind == "header":
-            header = {k: v for k, v in record.items() if k != "kind"}
-            if run["header"] is None and not run["steps"] and not run["events"]:
-                run["header"] = header
-            else:
-                runs.append(_new_run(header))
-        elif kind == "values":
-            run["values"].setdefault(record["step"], {}).update(record["values"])
-            run["steps"].add(record["step"])
-        elif kind in ("error", "skipped"):
-            if "step" in record:
-                run["steps"].add(record["step"])
-            run["events"].append(record)
-        elif kind == "metrics":  # metrics claim their step apart from the quantities' values
-            run["metrics"].setdefault(record["step"], {}).update(record["metrics"])
-        elif kind == "quantity_added":
-            run["added"].append({"step": record["step"], "quantity": dict(record["quantity"])})
-        elif kind == "finding":
-            add_finding(run["findings"], record)
-        elif kind == "cost":
-            run["cost"].append(record)
-    data = LogData()
-    claimed: set[int] = set()
-    kept: list[list[dict[str, Any]]] = []
-    for run in reversed(runs):
-        for step, values in run["values"].items():
-            if step not in claimed:
-                data.output[step] = values
-        kept.append([e for e in run["events"] if e.get("step") not in claimed])
-        run["cost"] = [c for c in run["cost"] if c["step"] not in claimed]
-        claimed |= run["steps"]
-    for events in reversed(kept):
-        for event in events:
-            (data.errors if event["kind"] == "error" else data.skipped).append(event)
-    logged: set[int] = set()
-    for run in reversed(runs):
-        for step, metrics in run["metrics"].items():
-            if step not in logged:
-                data.output[step] = {**data.output.get(step, {}), METRICS_KEY: metrics}
-        logged |= set(run["metrics"])
-    for run in runs:
-        data.added.extend(run["added"])
-        for finding in run["findings"]:
-            add_finding(data.findings, finding)
-        data.cost.extend(run["cost"])
-        if run["added"]:
-            header = dict(run["header"] or {})
-            quantities = header.get("quantities")
-            header["quantities"] = list(quantities) if isinstance(quantities, list) else []
-            header["quantities"] += [{**a["quantity"], "added_at": a["step"]} for a in run["added"]]
-            run["header"] = header
-    data.headers = [run["header"] for run in runs if run["header"] is not None]
-    data.header = data.headers[-1] if data.headers else {}
-    data.output = dict(sorted(data.output.items()))
-    return data
 
 
 def _not_a_log(path: Path, why: str) -> LogFormatError:
@@ -444,7 +283,7 @@ def read_run(
             del single
         del first
         f.seek(0)
-        return _assemble(_iter_records(f, path, line_limit, elements, new_budget()))
+        return merge_runs(_iter_records(f, path, line_limit, elements, new_budget()))
 
 
 def read_log(
