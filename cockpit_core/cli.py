@@ -12,7 +12,8 @@ Sub-commands::
     cockpit plot LOG... [-o OUT]    render the dashboard of a log (.png, .svg, .pdf or .html),
                                     or of several logs compared, a colour per run
     cockpit serve RUN... [--port P]  web view of runs in a browser, updated while they train
-    cockpit diagnose LOG... [--json]  findings of the installed diagnoses (exit 1 if any warns)
+    cockpit diagnose LOG... [--json] [--only NAME,...] [--config FILE] [--set NAME.OPTION=V]
+                                    findings of the diagnoses (exit 1 if any warns)
     cockpit new-plugin NAME [...]   generate a plugin distribution (cockpit_core.scaffold)
     cockpit --version               the installed cockpit-core version
 
@@ -286,13 +287,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="report what the diagnoses find in logs (exit 1 on a warning or error)",
         description="Run the installed diagnoses (e.g. of cockpit-diagnoses) over each log "
         "and print their findings with evidence, suggestion and source; findings recorded "
-        "while training are included. Exit code 0 if no finding is of severity warning or "
-        "above, 1 if one is, 2 if a log cannot be read or a name is unknown.",
+        "while training are included. Which diagnoses run: those of --config, narrowed by "
+        "--only, else those of --only, else all installed; --set then sets options of "
+        "diagnoses among them. Exit code 0 if no finding is of severity warning or above, 1 "
+        "if one is, 2 if a log cannot be read, a name is unknown or an option is invalid.",
     )
     p.add_argument("logs", nargs="+", metavar="LOG", help="logs (.jsonl or .json)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--only", default=None, metavar="NAME,...", help="comma-separated diagnoses to run"
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="run the 'diagnoses' of a cockpit config file (.toml, .yaml, .json), options included",
+    )
+    p.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME.OPTION=VALUE",
+        help="an option of a diagnosis that runs, e.g. cost.severity=warning (VALUE is JSON "
+        "if it parses, else a string; repeatable)",
     )
     p.set_defaults(func=commands.cmd_diagnose)
 

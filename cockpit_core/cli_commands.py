@@ -309,7 +309,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     """Run the diagnoses over each log; exit 0 (nothing >= warning), 1, or 2 (unreadable)."""
     from cockpit_core.diagnose import run_cli
 
-    return run_cli(args.logs, as_json=args.json, only=args.only)
+    return run_cli(
+        args.logs, as_json=args.json, only=args.only, config=args.config, settings=args.settings
+    )
 
 
 def _plot_html(logs: list[str], out: Any, title: str | None, labels: list[str] | None) -> int:

@@ -30,20 +30,32 @@ from cockpit_core.errors import CockpitWarning, ConfigError
 
 if TYPE_CHECKING:  # the registry imports the protocol; the runner looks it up lazily
     from cockpit_core.log import LogData
+    from cockpit_core.name_table import NameTable
     from cockpit_core.registry import Registry
+    from cockpit_core.registry_entries import DiagnosisEntry
 
 USAGE_EXIT = 2
-"""Exit code of ``cockpit diagnose`` for a log that cannot be read or an unknown name."""
+"""Exit code of ``cockpit diagnose`` for a log that cannot be read, an unknown name or bad options."""
 
 
 def build_diagnoses(
-    specs: Iterable[str | Mapping[str, Any]] | None = None, registry: Registry | None = None
+    specs: Iterable[str | Mapping[str, Any]] | None = None,
+    registry: Registry | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Diagnosis]:
     """Diagnosis objects from names or ``{"name": ..., **options}`` dicts (``None``: all).
 
+    Args:
+        specs: Names or ``{"name": ..., **options}`` of the diagnoses (``None``: every
+            installed diagnosis, with default options).
+        registry: Where the diagnoses come from (default: the installed plugins).
+        options: ``{name: {option: value}}`` set on top of ``specs``, on every entry of that
+            name (``cockpit diagnose --set NAME.OPTION=VALUE``).
+
     Raises:
         UnknownDiagnosisError: A name no installed plugin registers (with the closest one).
-        ConfigError: Invalid options of a diagnosis (``diagnoses.<name>.<option>: ...``).
+        ConfigError: Invalid options of a diagnosis (``diagnoses.<name>.<option>: ...``), an
+            entry without a name, or ``options`` of a diagnosis that is not in ``specs``.
 
     """
     if registry is None:
@@ -51,27 +63,60 @@ def build_diagnoses(
 
         registry = default_registry()
     table = registry.diagnoses
+    chosen: list[tuple[str, DiagnosisEntry, dict[str, Any]]] = []
     if specs is None:
-        return [entry.cls() for _, entry in sorted(table.items())]
-    out = []
-    for spec in specs:
-        if isinstance(spec, Mapping):
-            name, options = spec["name"], {k: v for k, v in spec.items() if k != "name"}
-        else:
-            name, options = spec, {}
-        entry = table.lookup(name)
-        if entry is None:
-            raise UnknownDiagnosisError(name, [n for n, _ in table.items()])
-        try:
-            out.append(entry.cls(**options))
-        except ValidationError as err:
-            raise ConfigError(
-                [
-                    (".".join(["diagnoses", name, *map(str, e["loc"])]), e["msg"])
-                    for e in err.errors()
-                ]
-            ) from None
-    return out
+        chosen = [(name, entry, {}) for name, entry in sorted(table.items())]
+    else:
+        for i, spec in enumerate(specs):
+            if isinstance(spec, Mapping):
+                name, opts = spec.get("name"), {k: v for k, v in spec.items() if k != "name"}
+            else:
+                name, opts = spec, {}
+            if not isinstance(name, str):
+                raise ConfigError([(f"diagnoses.{i}.name", "a diagnosis needs a name")])
+            chosen.append((name, _entry(table, name), opts))
+    extra = dict(options or {})
+    _check_options(extra, {name for name, _, _ in chosen}, table)
+    return [_build(name, entry, {**opts, **extra.get(name, {})}) for name, entry, opts in chosen]
+
+
+def _entry(table: NameTable[DiagnosisEntry], name: str) -> DiagnosisEntry:
+    """The registry entry of the diagnosis ``name``; unknown: the closest name in the error."""
+    entry = table.lookup(name)
+    if entry is None:
+        raise UnknownDiagnosisError(name, [n for n, _ in table.items()])
+    return entry
+
+
+def _check_options(
+    options: Mapping[str, Mapping[str, Any]], chosen: set[str], table: NameTable[DiagnosisEntry]
+) -> None:
+    """Raise if ``options`` name an unknown diagnosis, one not ``chosen``, or set ``name``."""
+    errors = []
+    for name, opts in options.items():
+        _entry(table, name)
+        if name not in chosen:
+            errors.append(
+                (
+                    f"diagnoses.{name}",
+                    "options of a diagnosis that does not run: select it too (those that "
+                    f"run: {', '.join(sorted(chosen)) or 'none'})",
+                )
+            )
+        if "name" in opts:
+            errors.append((f"diagnoses.{name}.name", "the name is not an option"))
+    if errors:
+        raise ConfigError(errors)
+
+
+def _build(name: str, entry: DiagnosisEntry, options: Mapping[str, Any]) -> Diagnosis:
+    """``entry``'s diagnosis with ``options``, pydantic's errors as a :class:`ConfigError`."""
+    try:
+        return entry.cls(**options)
+    except ValidationError as err:
+        raise ConfigError(
+            [(".".join(["diagnoses", name, *map(str, e["loc"])]), e["msg"]) for e in err.errors()]
+        ) from None
 
 
 def run_checks(
@@ -112,6 +157,7 @@ def diagnose(
     names: Iterable[str | Mapping[str, Any]] | None = None,
     *,
     include_logged: bool = True,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Finding]:
     """Run diagnoses over a whole log and return their findings, sorted by step.
 
@@ -123,11 +169,14 @@ def diagnose(
         names: Names or ``{"name": ..., **options}`` of the diagnoses to run (default all).
         include_logged: Also return the findings recorded in the log while training whose
             id no diagnosis found again (e.g. of a diagnosis not installed here).
+        options: ``{name: {option: value}}`` on top of ``names`` (or of every installed
+            diagnosis): ``options={"cost": {"severity": "warning"}}``.
 
     Raises:
         FileNotFoundError: No file at the path.
         LogFormatError: The file is not a readable cockpit log.
-        UnknownDiagnosisError: A name in ``names`` is not installed.
+        UnknownDiagnosisError: A name in ``names`` or ``options`` is not installed.
+        ConfigError: Invalid options, or ``options`` of a diagnosis not in ``names``.
 
     """
     from cockpit_core.log import LogData, read_run
@@ -140,7 +189,7 @@ def diagnose(
         data = LogData(output={s: dict(v) for s, v in log_or_output.items()})
     wanted = None if names is None else list(names)
     found = run_checks(
-        build_diagnoses(wanted, registry),
+        build_diagnoses(wanted, registry, options),
         Window(data.output, data.skipped, data.header, data.cost),
     )
     if include_logged:
@@ -192,20 +241,50 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def run_cli(logs: Sequence[str], as_json: bool = False, only: str | None = None) -> int:
-    """``cockpit diagnose LOG... [--json] [--only NAME,...]``; returns the exit code.
+def run_cli(
+    logs: Sequence[str],
+    as_json: bool = False,
+    only: str | None = None,
+    config: str | None = None,
+    settings: Sequence[str] = (),
+) -> int:
+    """``cockpit diagnose LOG... [--json] [--only NAME,...] [--config FILE] [--set ...]``.
 
-    0: no finding of severity warning or above; 1: some; 2 (:data:`USAGE_EXIT`): a log
-    cannot be read or a name in ``only`` is not installed (message on standard error).
+    Which diagnoses run with which options: :mod:`cockpit_core.diagnose_options`.
+
+    Args:
+        logs: The log files.
+        as_json: Print JSON instead of the report.
+        only: Comma-separated names of the diagnoses to run (``--only``).
+        config: A config file whose ``diagnoses`` to run (``--config``).
+        settings: ``NAME.OPTION=VALUE`` options on top (``--set``).
+
+    Returns:
+        The exit code. 0: no finding of severity warning or above; 1: some; 2
+        (:data:`USAGE_EXIT`): a log cannot be read, or the diagnoses to run or their
+        options are not valid (message on standard error).
+
     """
+    from cockpit_core.diagnose_options import config_diagnoses, options_from_settings, select_only
+    from cockpit_core.errors import DuplicateNameError
     from cockpit_core.log import LogFormatError
+    from cockpit_core.registry import default_registry
 
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     results = []
     try:
+        options = options_from_settings(settings)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT
+    try:
+        registry = default_registry()
+        specs = None if config is None else config_diagnoses(config, registry)
+        specs = select_only(specs, names, registry, config)
+        build_diagnoses(specs, registry, options)  # every problem before reading a log
         for path in logs:
-            results.append((path, diagnose(path, names=names)))
-    except (OSError, LogFormatError, UnknownDiagnosisError, ConfigError) as err:
+            results.append((path, diagnose(path, registry, specs, options=options)))
+    except (OSError, LogFormatError, UnknownDiagnosisError, DuplicateNameError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT
     everything = [f for _, found in results for f in found]
