@@ -60,9 +60,9 @@ def validate_config_data(
     ``parse_settings(..., registry=...)`` and ``Cockpit.from_config`` use it. It checks the
     top-level options (strict types), every quantity entry and its options against the
     installed plugins, that no two quantities write the same output key, every sink name and
-    its options, the provider names of ``backend``, and that the log writer can open
-    ``log`` (an existing file must be a cockpit log). Nothing is built, created or opened
-    for writing.
+    its options, every diagnosis name and its options, the provider names of ``backend``,
+    and that the log writer can open ``log`` (an existing file must be a cockpit log).
+    Nothing is built, created or opened for writing.
 
     Args:
         data: The options, e.g. from :func:`load_config_file`.
@@ -104,6 +104,10 @@ def validate_config_data(
                 sinks.append(_validate_sink(entry, registry, f"sinks.{i}"))
             except ConfigError as err:
                 errors.extend(err.errors)
+
+    raw_diagnoses = data.get("diagnoses")
+    if "diagnoses" not in bad and isinstance(raw_diagnoses, list):
+        errors.extend(_diagnosis_errors(raw_diagnoses, registry))
 
     if "backend" not in bad:
         from cockpit_core.statistics.router import order
@@ -147,6 +151,28 @@ def _position(path: str, data: Any) -> tuple[int, ...]:
             break
         out.append(index)
     return tuple(out)
+
+
+def _diagnosis_errors(entries: list[Any], registry: Registry) -> list[tuple[str, str]]:
+    """The problems of the ``diagnoses`` entries: unknown names and invalid options.
+
+    Each entry is built as ``Cockpit(diagnoses=...)`` and ``cockpit diagnose --config``
+    build it (:func:`cockpit_core.diagnose.build_diagnoses`), one at a time so that every
+    problem is reported.
+    """
+    from cockpit_core.diagnose import build_diagnoses
+
+    errors: list[tuple[str, str]] = []
+    for i, entry in enumerate(entries):
+        try:
+            build_diagnoses([entry], registry)
+        except ConfigError as err:
+            for path, message in err.errors:  # diagnoses.<name or 0>.option -> the index
+                parts = path.split(".")
+                errors.append((".".join(["diagnoses", str(i), *parts[2:]]), message))
+        except UnknownNameError as err:
+            errors.append((f"diagnoses.{i}", str(err)))
+    return errors
 
 
 def _validate_sink(entry: Any, registry: Registry, path: str) -> ValidatedSink:

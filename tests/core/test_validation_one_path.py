@@ -22,6 +22,7 @@ from cockpit_core import (
 from cockpit_core import registry as registry_module
 from cockpit_core.cli import main
 from cockpit_core.config import load_config_file, parse_settings, validate_config_data
+from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig
 from cockpit_core.log import LogFormatError, check_log_path, read_records
 
 PARAMS = [torch.nn.Parameter(torch.zeros(2))]
@@ -69,6 +70,21 @@ def plain_sink(path):
     return SEEN.append
 
 
+class LossAboveConfig(DiagnosisConfig):
+    threshold: float = Field(1.0, description="Report a loss above this.")
+
+
+class LossAbove(Diagnosis):
+    """A test diagnosis with one option."""
+
+    name = "loss_above"
+    reads = ("loss",)
+    Config = LossAboveConfig
+
+    def check(self, window):
+        return []
+
+
 def make_registry():
     plugin = types.SimpleNamespace()
 
@@ -86,9 +102,14 @@ def make_registry():
         register("memory", memory_sink, MemoryOptions, "Keeps records in a list.")
         register("plain", plain_sink)
 
+    @hookimpl
+    def register_diagnoses(register):
+        register(LossAbove)
+
     plugin.register_quantities = register_quantities
     plugin.register_presets = register_presets
     plugin.register_sinks = register_sinks
+    plugin.register_diagnoses = register_diagnoses
     registry = Registry()
     registry.add_plugin(plugin, name="test", distribution="cockpit-test")
     return registry
@@ -235,6 +256,17 @@ ONCE_ACCEPTED = {
         "quantities.0.schedule.num",
         "num = 1000000000 is too large: a logarithmic schedule tracks at most 100000 steps; "
         "use kind 'every' to track densely",
+    ),
+    "unknown diagnosis": (
+        {"quantities": ["loss"], "diagnoses": ["loss_abov"]},
+        "diagnoses.0",
+        "Unknown diagnosis 'loss_abov'. Did you mean 'loss_above'? Installed: loss_above. "
+        "Install cockpit-diagnoses, or see docs/diagnoses.md for the rules.",
+    ),
+    "bad diagnosis option": (
+        {"quantities": ["loss"], "diagnoses": ["loss_above", {"name": "loss_above", "x": 1}]},
+        "diagnoses.1.x",
+        "Extra inputs are not permitted",
     ),
     "string for a boolean": (
         {"quantities": ["loss"], "debug": "yes"},

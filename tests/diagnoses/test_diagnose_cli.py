@@ -211,7 +211,7 @@ def test_config_with_set_and_only(logs, tmp_path, capsys):
         ),
         ('on_error = "warn"\n', [], "diagnoses: the file lists no diagnoses"),
         ("diagnoses = []\n", [], "diagnoses: the file lists no diagnoses"),
-        ('diagnoses = [{ name = "dead_layers", windw = 3 }]\n', [], "diagnoses.dead_layers.windw"),
+        ('diagnoses = [{ name = "dead_layers", windw = 3 }]\n', [], "diagnoses.0.windw"),
         ('diagnoses = ["stabilty"]\n', [], "Did you mean 'stability'?"),
         ("diagnoses = [{ window = 3 }]\n", [], "diagnoses.0.name: a diagnosis needs a name"),
         ('on_error = "explode"\ndiagnoses = ["cost"]\n', [], "  on_error: Input should be"),
