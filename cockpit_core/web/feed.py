@@ -17,6 +17,7 @@ from typing import Any
 
 from cockpit_core.errors import CockpitError
 from cockpit_core.web import findings as web_findings
+from cockpit_core.web.arrays import HEATMAP_COLUMNS
 from cockpit_core.web.follow import LogFollower
 from cockpit_core.web.panels import TOPICS, figures
 
@@ -77,6 +78,8 @@ class Feed:
         paths: Logs or run folders (see :func:`find_logs`).
         title: Page title (default: the runs' labels).
         max_points: Points per series at most.
+        heatmap_columns: Steps of a gradient histogram heat map at most (see
+            :class:`~cockpit_core.web.arrays.HistogramTrack`).
         labels: The runs' names in legends, one per log found (default: see
             :func:`find_logs`).
         diagnose: Also run the installed diagnoses over each log when the data changes
@@ -92,6 +95,7 @@ class Feed:
         max_points: int = 2000,
         labels: Sequence[str] | None = None,
         diagnose: bool = False,
+        heatmap_columns: int = HEATMAP_COLUMNS,
     ):
         logs = find_logs(paths)
         if not logs:
@@ -100,7 +104,7 @@ class Feed:
             if len(labels) != len(logs):
                 raise ValueError(f"{len(labels)} labels for {len(logs)} logs.")
             logs = [(log, str(label)) for (log, _), label in zip(logs, labels)]
-        self.runs = [LogFollower(path, label) for path, label in logs]
+        self.runs = [LogFollower(path, label, heatmap_columns) for path, label in logs]
         self.title = title or "cockpit: " + ", ".join(run.label for run in self.runs)
         self.max_points = max_points
         self.diagnose = diagnose

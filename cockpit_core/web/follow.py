@@ -9,7 +9,8 @@ appended. Records become scalar series with the same naming as the tracker sinks
 run of the same log does in :func:`cockpit_core.log.read_run`. A consolidated ``.json``
 (``cp.write``) is read whole again whenever it changes. The follower only reads: it never
 locks, truncates or waits for the file, so the training process that writes it is not
-slowed down.
+slowed down. Per-parameter values, gradient histograms and stability thresholds go to
+the follower's :class:`~cockpit_core.web.arrays.ArrayStore` (:attr:`LogFollower.arrays`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from cockpit_core.log import LogFormatError, loads, read_run
 from cockpit_core.log.format import MAX_LINE_BYTES
 from cockpit_core.log.scalars import Scalar, TagMap, quantity_entries
+from cockpit_core.web.arrays import HEATMAP_COLUMNS, ArrayStore
 
 READ_CHUNK = 16 << 20
 """Bytes read per poll at most; a longer backlog is read over the next polls."""
@@ -34,20 +36,25 @@ class LogFollower:
         path: A JSON Lines log (``log=...``; it may not exist yet) or a consolidated
             ``.json`` (``cp.write``).
         label: The run's name in legends.
+        columns: Columns of the gradient histogram heat map at most (see
+            :class:`~cockpit_core.web.arrays.HistogramTrack`).
 
     Attributes:
         series: ``{tag: {step: value}}``; a non-finite value is ``None`` (a gap).
         names: ``{output key: quantity name}`` from the headers (``cp.add`` included).
         findings: ``{id: finding record}`` of the log's ``finding`` records (diagnoses that
             ran while training).
+        arrays: Per-parameter series, histograms and stability thresholds.
         records: Records read so far.
         error: The last problem reading the log (a damaged line is skipped), else ``None``.
 
     """
 
-    def __init__(self, path: str | os.PathLike, label: str):
+    def __init__(self, path: str | os.PathLike, label: str, columns: int = HEATMAP_COLUMNS):
         self.path = Path(path)
         self.label = label
+        self.columns = columns
+        self.arrays = ArrayStore(columns)
         self.series: dict[str, dict[int, float | None]] = {}
         self.names: dict[str, str] = {}
         self.findings: dict[str, dict[str, Any]] = {}
@@ -95,6 +102,7 @@ class LogFollower:
         self.series.clear()
         self.names.clear()
         self.findings.clear()
+        self.arrays = ArrayStore(self.columns)
         self.records = 0
         self._tags = TagMap("", per_param=False, histograms=False)
         self._offset = 0
@@ -136,6 +144,7 @@ class LogFollower:
         step = record.get("step")
         if kind == "header":
             self._tags.header(record)
+            self.arrays.header(record)
             for key, entry in quantity_entries(record.get("quantities")).items():
                 self.names[key] = str(entry.get("name", key))
         elif kind == "quantity_added" and isinstance(record.get("quantity"), dict):
@@ -144,6 +153,7 @@ class LogFollower:
             self.names[str(quantity.get("key"))] = str(quantity.get("name"))
         elif kind == "values" and type(step) is int and isinstance(record.get("values"), dict):
             self._add(step, self._tags.values(record["values"]))
+            self.arrays.values(step, record["values"], self.names)
         elif kind == "metrics" and type(step) is int and isinstance(record.get("metrics"), dict):
             self._add(step, self._tags.metrics(record["metrics"]))
         elif kind == "finding" and isinstance(record.get("id"), str):

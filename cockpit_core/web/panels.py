@@ -1,6 +1,8 @@
 """Which panel of the web view shows a scalar series, and the plotly figure of each panel.
 
-The web view shows every scalar series of every logged quantity. Series of the first-party
+The web view shows every scalar series of every logged quantity, and beyond them (see
+:mod:`cockpit_core.web.extra_panels`) per-parameter lines, the gradient histogram over
+time and the sharpness panel's stability threshold. Series of the first-party
 quantities are laid out like the dashboard's topics (:data:`PANELS`: step size, gradient,
 curvature, performance); a fields list keeps a panel to the series worth reading (``alpha``
 shows ``alpha/alpha``, not the ``exact`` flag). Every other quantity, a third-party one
@@ -11,7 +13,7 @@ scalar fields. Runs are overlaid: one colour per run, one dash style per series.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 TOPICS: tuple[str, ...] = ("step size", "gradient", "curvature", "performance", "other")
@@ -31,6 +33,8 @@ class WebPanel:
         topic: Section of the page, one of :data:`TOPICS`.
         members: ``{quantity name: fields shown}``; ``None`` shows every scalar field.
         log_y: Logarithmic y axis.
+        after: The id of the panel this one follows (for a panel not in :data:`PANELS`).
+        y_title: The y axis' title.
 
     """
 
@@ -39,6 +43,8 @@ class WebPanel:
     topic: str
     members: Mapping[str, tuple[str, ...] | None] = field(default_factory=dict)
     log_y: bool = False
+    after: str = ""
+    y_title: str = ""
 
 
 PANELS: tuple[WebPanel, ...] = (
@@ -105,7 +111,7 @@ def assign(tag: str, names: Mapping[str, str]) -> WebPanel | None:
     return panel
 
 
-def _thin(points: Sequence[tuple[int, float | None]], limit: int) -> list[tuple[int, Any]]:
+def thin(points: Sequence[tuple[int, float | None]], limit: int) -> list[tuple[int, Any]]:
     """At most ``limit`` evenly spaced points, the last one always kept."""
     if len(points) <= limit:
         return list(points)
@@ -114,6 +120,14 @@ def _thin(points: Sequence[tuple[int, float | None]], limit: int) -> list[tuple[
     if kept[-1] != points[-1]:
         kept.append(points[-1])
     return kept
+
+
+def _place(panel: WebPanel) -> tuple[int, float, str]:
+    """Sort key: the topic, then the order of :data:`PANELS` (after ``panel.after``)."""
+    position = {p.id: i for i, p in enumerate(PANELS)}
+    at = position.get(panel.id, position.get(panel.after, len(PANELS)) + 0.5)
+    order = TOPICS.index(panel.topic) if panel.topic in TOPICS else len(TOPICS)
+    return order, at, panel.id
 
 
 def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]:
@@ -126,11 +140,14 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
 
     Returns:
         ``[{"id", "title", "topic", "points", "quantities", "figure": {"data", "layout"}}]``
-        (``quantities``: the names of the quantities the panel shows).
+        (``quantities``: the names of the quantities the panel shows), the panels of
+        :mod:`cockpit_core.web.extra_panels` included (from each run's ``arrays``).
 
     """
     import plotly.graph_objects as go
     from plotly.colors import qualitative
+
+    from cockpit_core.web import extra_panels
 
     panels: dict[str, WebPanel] = {}
     traces: dict[str, list[dict[str, Any]]] = {}
@@ -145,7 +162,7 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
             panels.setdefault(panel.id, panel)
             dash = dashes.setdefault(panel.id, 0)
             dashes[panel.id] += 1
-            points = _thin(sorted(run.series[tag].items()), max_points)
+            points = thin(sorted(run.series[tag].items()), max_points)
             counts[panel.id] = counts.get(panel.id, 0) + len(run.series[tag])
             traces.setdefault(panel.id, []).append(
                 {
@@ -161,19 +178,24 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
                     },
                 }
             )
-    order = {topic: i for i, topic in enumerate(TOPICS)}
-    position = {panel.id: i for i, panel in enumerate(PANELS)}
-    ordered = sorted(
-        panels.values(),
-        key=lambda p: (order.get(p.topic, len(TOPICS)), position.get(p.id, len(PANELS)), p.id),
-    )
+    for panel_id, added in extra_panels.threshold_traces(runs, traces, max_points).items():
+        counts[panel_id] += added
+        if extra_panels.spans_decades(traces[panel_id]):
+            panels[panel_id] = replace(panels[panel_id], log_y=True)
+    extra_panels.totals_only(runs, panels)
+    more = extra_panels.per_param_panels(runs, max_points) + extra_panels.histogram_panels(runs)
+    for panel, data, count in more:
+        panels[panel.id], traces[panel.id], counts[panel.id] = panel, data, count
     result = []
-    for panel in ordered:
+    for panel in sorted(panels.values(), key=_place):
         layout = go.Layout(  # checked by plotly; the traces are plain scatter dicts
             {
                 "title": {"text": panel.title, "font": {"size": 14}},
                 "xaxis": {"title": {"text": "step"}},
-                "yaxis": {"type": "log" if panel.log_y else "linear"},
+                "yaxis": {
+                    "type": "log" if panel.log_y else "linear",
+                    **({"title": {"text": panel.y_title}} if panel.y_title else {}),
+                },
                 "height": 300,
                 "margin": {"l": 55, "r": 15, "t": 40, "b": 40},
                 "legend": {"orientation": "h", "y": -0.25},

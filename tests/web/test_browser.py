@@ -70,7 +70,8 @@ def test_page_shows_the_panels_and_updates_when_a_record_is_appended(logged_run,
         finally:
             server.shutdown()
             thread.join(5)
-    for title in ("Gradient norm", "Distance from start &amp; update size", "Mini-batch loss"):
+    titles = ("Gradient norm", "Gradient norm per parameter", "Mini-batch loss")
+    for title in (*titles, "Distance from start &amp; update size"):
         assert f'data-unformatted="{title}"' in dom  # plotly drew the panel's title
     assert dom.count('class="main-svg"') >= 3  # plotly's SVG charts
     for heading in ("step size", "performance"):
@@ -106,3 +107,24 @@ def test_static_page_lists_findings_and_shades_their_steps(logged_run, tmp_path)
         return html[: html.find('id="panel-', 5)].count('class="shape-group"')
 
     assert (drawn("grad_norm"), drawn("loss")) == (1, 0)
+
+
+def test_page_draws_the_histogram_heat_map_and_the_stability_threshold(tmp_path):
+    from cockpit_core.testing import run_cockpit, tiny_mlp
+    from cockpit_core.web import write_page
+
+    quantities = ["loss", "grad_hist_1d", "hess_max_ev", "optimizer_hparams"]
+    result = run_cockpit(tiny_mlp(), quantities, steps=3, log=tmp_path / "run" / "log.jsonl")
+    result.cockpit.close()
+    page = write_page([tmp_path / "run"], tmp_path / "dash.html")
+    dom = dump_dom(page.as_uri(), tmp_path / "profile", budget_ms=2000)
+
+    def panel(panel_id: str) -> str:
+        html = dom[dom.index(f'id="panel-{panel_id}"') :]
+        return html[: html.find('id="panel-', 5)]
+
+    heat = panel("grad_hist_time")
+    assert 'data-unformatted="Gradient histogram over time"' in heat
+    assert 'class="hm"' in heat and "<image" in heat  # plotly drew the heat map's image
+    assert 'data-unformatted="log10(1 + count)"' in heat  # and its colour bar
+    assert 'data-unformatted="stability threshold 2/lr = 20"' in panel("hess_max_ev")

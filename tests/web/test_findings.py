@@ -59,7 +59,8 @@ def test_logged_finding_is_listed_and_shaded_on_the_grad_norm_panel(tmp_path):
     (entry,) = payload["findings"]
     assert entry["id"] == "dead_layers@0" and entry["severity"] == "warning"
     assert entry["run"] == tmp_path.name  # the run folder's name
-    assert entry["panels"] == ["grad_norm"]  # dead_layers reads grad_norm only
+    # dead_layers reads grad_norm only: its total and its per-parameter lines
+    assert entry["panels"] == ["grad_norm", "grad_norm-per_param"]
     (shape,) = _panel(payload, "grad_norm")["figure"]["layout"]["shapes"]
     assert (shape["x0"], shape["x1"]) == (-0.5, 5.5) and shape["yref"] == "paper"
     assert shape["name"] == "dead_layers@0" and shape["type"] == "rect"
@@ -109,7 +110,10 @@ def test_serve_with_diagnose_runs_the_rules_over_a_log_recorded_without_them(tmp
         assert server.feed.payload()["findings"] == []  # only what the log recorded
     with make_server([log], port=0, diagnose=True) as server:
         (entry,) = server.feed.payload()["findings"]
-    assert entry["id"] == "dead_layers@0" and entry["panels"] == ["grad_norm"]
+    assert entry["id"] == "dead_layers@0" and entry["panels"] == [
+        "grad_norm",
+        "grad_norm-per_param",
+    ]
     assert (entry["first_step"], entry["last_step"]) == (0, STEPS - 1)
     # the command line passes --diagnose through
     seen = {}
