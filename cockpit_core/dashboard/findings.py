@@ -23,12 +23,19 @@ if TYPE_CHECKING:
 
 COLORS = {"info": "#1f77b4", "warning": "#d98c00", "error": "#c62828"}
 """Banner colour of each severity."""
+FONT_SIZE = 9
+"""Font size of the banner in points."""
+CHAR_WIDTH = 0.6
+"""Widest average character width of the banner's font, in ems: lines are cut to fit."""
 
 
 def findings_banner(
     fig: Any, findings: Iterable[Finding | Mapping[str, Any]], most: int = 3, y: float = 0.995
 ) -> Any:
     """Write the ``most`` most severe findings across the top of ``fig``; return the text.
+
+    Each line (:func:`banner_line`) is cut to the figure's width; ``cockpit diagnose``
+    gives the whole message, the evidence and the suggestion.
 
     Args:
         fig: A matplotlib ``Figure``.
@@ -45,7 +52,8 @@ def findings_banner(
     if not items:
         return None
     items.sort(key=lambda f: (-severity_rank(f.severity), f.first_step, f.id))
-    lines = [f.line() for f in items[:most]]
+    fits = int(fig.get_figwidth() * 72 / (FONT_SIZE * CHAR_WIDTH)) - 4  # the box's padding
+    lines = [banner_line(f, fits) for f in items[:most]]
     if len(items) > most:
         lines.append(f"... and {len(items) - most} more (cockpit diagnose LOG lists all)")
     worst = items[0].severity
@@ -55,11 +63,22 @@ def findings_banner(
         "\n".join(lines),
         ha="left",
         va="top",
-        fontsize=9,
+        fontsize=FONT_SIZE,
         color="white",
         bbox={"boxstyle": "round,pad=0.4", "facecolor": COLORS[worst], "edgecolor": "none"},
         gid="cockpit-findings-banner",
     )
+
+
+def banner_line(finding: Finding, limit: int) -> str:
+    """``SEVERITY diagnosis (steps a-b): message``, cut to ``limit`` characters with "…"."""
+    steps = (
+        f"step {finding.first_step}"
+        if finding.first_step == finding.last_step
+        else f"steps {finding.first_step}-{finding.last_step}"
+    )
+    line = f"{finding.severity.upper():7} {finding.diagnosis} ({steps}): {finding.message}"
+    return line if len(line) <= limit else line[: max(limit - 1, 0)].rstrip() + "…"
 
 
 def as_findings(findings: Iterable[Finding | Mapping[str, Any]]) -> list[Finding]:

@@ -3,6 +3,7 @@
 import matplotlib
 
 from cockpit_core.dashboard import render
+from cockpit_core.diagnosis import Finding
 from cockpit_core.log import LogData
 
 matplotlib.use("Agg")
@@ -36,3 +37,27 @@ def test_no_banner_without_findings_or_in_a_comparison():
     assert _banner(render(LogData({}, OUTPUT, []))) == []
     runs = [LogData({}, OUTPUT, [], findings=[FINDING]), LogData({}, OUTPUT, [])]
     assert _banner(render(runs)) == []
+
+
+def test_long_findings_are_cut_to_the_figure_width():
+    from matplotlib.figure import Figure
+
+    from cockpit_core.dashboard.findings import findings_banner
+
+    long = Finding("x@0", "batch_size", "warning", 0, 59, "the norm test fails " * 20)
+    fig = Figure(figsize=(6, 2))
+    text = findings_banner(fig, [long])
+    (line,) = text.get_text().splitlines()
+    assert (
+        line.startswith("WARNING batch_size (steps 0-59): the norm test fails") and line[-1] == "…"
+    )
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # the box, padding included, stays inside the figure
+    box = text.get_bbox_patch().get_window_extent(canvas.get_renderer())
+    assert box.x1 <= fig.bbox.x1
+    short = Finding("y@3", "dead_layers", "error", 3, 3, "no gradient")
+    assert (
+        findings_banner(Figure(), [short]).get_text() == "ERROR   dead_layers (step 3): no gradient"
+    )

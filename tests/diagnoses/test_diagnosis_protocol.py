@@ -160,7 +160,7 @@ def test_hook_register_diagnoses(tmp_path):
 
     for source in (result.cockpit, tmp_path / "log.jsonl"):
         texts = [t.get_text() for t in render(source).texts]
-        assert any("loss_above: loss is high" in t for t in texts), source
+        assert any("loss_above (steps 0-3): loss is high" in t for t in texts), source
 
 
 def test_unknown_names_and_bad_options_are_clear_errors():
@@ -267,7 +267,7 @@ def test_findings_banner_shows_the_most_severe_first():
     assert findings_banner(fig, []) is None
     text = findings_banner(fig, [info, error.to_record()], most=1)
     assert text.get_text() == (
-        "ERROR   b: broken (step 5)\n... and 1 more (cockpit diagnose LOG lists all)"
+        "ERROR   b (step 5): broken\n... and 1 more (cockpit diagnose LOG lists all)"
     )
     assert text.get_bbox_patch().get_facecolor()[:3] == pytest.approx(
         tuple(int(COLORS["error"][i : i + 2], 16) / 255 for i in (1, 3, 5))
