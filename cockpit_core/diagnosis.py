@@ -80,14 +80,16 @@ class Finding:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in record.items() if k in names})
 
+    @property
+    def steps(self) -> str:
+        """``"step 5"`` or ``"steps 340-360"``: the stretch of the evidence, for people."""
+        if self.first_step == self.last_step:
+            return f"step {self.first_step}"
+        return f"steps {self.first_step}-{self.last_step}"
+
     def line(self) -> str:
         """``severity [first-last] message`` for a terminal report."""
-        steps = (
-            f"step {self.first_step}"
-            if self.first_step == self.last_step
-            else f"steps {self.first_step}-{self.last_step}"
-        )
-        return f"{self.severity.upper():7} {self.diagnosis}: {self.message} ({steps})"
+        return f"{self.severity.upper():7} {self.diagnosis}: {self.message} ({self.steps})"
 
 
 class DiagnosisConfig(BaseModel):

@@ -72,12 +72,7 @@ def findings_banner(
 
 def banner_line(finding: Finding, limit: int) -> str:
     """``SEVERITY diagnosis (steps a-b): message``, cut to ``limit`` characters with "…"."""
-    steps = (
-        f"step {finding.first_step}"
-        if finding.first_step == finding.last_step
-        else f"steps {finding.first_step}-{finding.last_step}"
-    )
-    line = f"{finding.severity.upper():7} {finding.diagnosis} ({steps}): {finding.message}"
+    line = f"{finding.severity.upper():7} {finding.diagnosis} ({finding.steps}): {finding.message}"
     return line if len(line) <= limit else line[: max(limit - 1, 0)].rstrip() + "…"
 
 
