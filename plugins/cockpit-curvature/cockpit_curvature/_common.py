@@ -216,6 +216,63 @@ def warm_lanczos(
     return result, vectors.detach()
 
 
+class WarmStartedLanczos:
+    """Mixin of the Lanczos quantities: top eigenpairs, warm-started from the last Ritz vectors.
+
+    Used by ``hess_max_ev`` and ``hess_spectrum``. The vectors live in the quantity's cache under :attr:`CACHE_KEY` until its next tracked
+    step, if that comes within ``warm_start_max_gap`` steps. The quantity's config has
+    ``k``, ``tol``, ``max_iter``, ``basis_size``, ``warm_start`` and ``warm_start_max_gap``.
+    """
+
+    CACHE_KEY = "eigenvectors"
+    config: Any
+
+    def top_eigenpairs(
+        self,
+        ctx: StepContext,
+        matvec: Callable[[Tensor], Tensor],
+        dim: int,
+        generator: torch.Generator,
+        **options: Any,
+    ) -> Any:
+        """Run :func:`warm_lanczos` from the cached start; cache the vectors for next time.
+
+        Args:
+            ctx: The step's context (parameters, cache, step).
+            matvec: ``v -> H v``.
+            dim: ``D``.
+            generator: The step's generator.
+            **options: Further options of ``lanczos`` (``which``).
+
+        Returns:
+            The Lanczos result.
+
+        """
+        cfg = self.config
+        start = self._warm_start(ctx, dim)
+        ctx.cache.pop(self.CACHE_KEY)
+        result, keep = warm_lanczos(
+            matvec,
+            start,
+            dim,
+            generator,
+            ctx.params[0].dtype,
+            ctx.params[0].device,
+            k=cfg.k,
+            tol=cfg.tol,
+            max_iter=cfg.max_iter,
+            basis_size=cfg.basis_size,
+            **options,
+        )
+        if cfg.warm_start:
+            keep_until_next_step(ctx, self, self.CACHE_KEY, keep, cfg.warm_start_max_gap)
+        return result
+
+    def _warm_start(self, ctx: StepContext, dim: int) -> Tensor | None:
+        """The previous tracked step's leading Ritz vectors, if cached."""
+        return cached_start(ctx, self.CACHE_KEY, dim, self.config.warm_start)
+
+
 def step_generator(seed: int, step: int) -> torch.Generator:
     """A CPU generator whose stream depends on ``seed`` and ``step`` only."""
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) % (2**63 - 1))

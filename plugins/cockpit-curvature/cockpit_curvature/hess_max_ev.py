@@ -5,19 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
-from cockpit_curvature._common import (
-    cached_start,
-    keep_until_next_step,
-    native_matvec,
-    step_generator,
-    warm_lanczos,
-)
-
-_CACHE_KEY = "eigenvectors"
+from cockpit_curvature._common import WarmStartedLanczos, native_matvec, step_generator
 
 
 class HessMaxEVConfig(QuantityConfig):
@@ -66,7 +57,7 @@ class HessMaxEVConfig(QuantityConfig):
         return self
 
 
-class HessMaxEV(Quantity):
+class HessMaxEV(WarmStartedLanczos, Quantity):
     """Largest eigenvalue(s) of the Hessian ``H`` of the mini-batch loss.
 
     Computed by Lanczos iteration (Lanczos, 1950) with full reorthogonalization and thick
@@ -98,29 +89,9 @@ class HessMaxEV(Quantity):
         ``converged`` whether the tolerance was met within ``max_iter`` products.
         """
         cfg = self.config
-        params = ctx.params
-        dtype, device = params[0].dtype, params[0].device
         gen = step_generator(cfg.seed, ctx.step)
-        dim = sum(p.numel() for p in params)
-
-        matvec = native_matvec(ctx)
-        start = self._warm_start(ctx, dim)
-        ctx.cache.pop(_CACHE_KEY)
-        result, keep = warm_lanczos(
-            matvec,
-            start,
-            dim,
-            gen,
-            dtype,
-            device,
-            k=cfg.k,
-            which=cfg.which,
-            tol=cfg.tol,
-            max_iter=cfg.max_iter,
-            basis_size=cfg.basis_size,
-        )
-        if cfg.warm_start:
-            self._keep(ctx, keep)
+        dim = sum(p.numel() for p in ctx.params)
+        result = self.top_eigenpairs(ctx, native_matvec(ctx), dim, gen, which=cfg.which)
         values = np.asarray(result.eigenvalues, dtype=np.float64)
         return {
             "value": float(values[0]),
@@ -128,11 +99,3 @@ class HessMaxEV(Quantity):
             "hvps": int(result.matvecs),
             "converged": bool(result.converged),
         }
-
-    def _warm_start(self, ctx: StepContext, dim: int) -> torch.Tensor | None:
-        """The previous tracked step's leading Ritz vectors, if cached."""
-        return cached_start(ctx, _CACHE_KEY, dim, self.config.warm_start)
-
-    def _keep(self, ctx: StepContext, vectors: torch.Tensor) -> None:
-        """Cache the eigenvectors until the next tracked step, if it comes soon enough."""
-        keep_until_next_step(ctx, self, _CACHE_KEY, vectors, self.config.warm_start_max_gap)

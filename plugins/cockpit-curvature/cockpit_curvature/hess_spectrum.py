@@ -6,20 +6,11 @@ import math
 from typing import Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
-from cockpit_curvature._common import (
-    cached_start,
-    keep_until_next_step,
-    native_matvec,
-    step_generator,
-    warm_lanczos,
-)
+from cockpit_curvature._common import WarmStartedLanczos, native_matvec, step_generator
 from cockpit_curvature._slq import PAD, broaden, slq
-
-_CACHE_KEY = "eigenvectors"
 
 
 class HessSpectrumConfig(QuantityConfig):
@@ -94,7 +85,7 @@ class HessSpectrumConfig(QuantityConfig):
         return self
 
 
-class HessSpectrum(Quantity):
+class HessSpectrum(WarmStartedLanczos, Quantity):
     """Top-k eigenvalues and eigenvalue density of the Hessian ``H`` of the mini-batch loss.
 
     Top-k: Lanczos iteration with full reorthogonalization and thick restarts (Lanczos,
@@ -136,22 +127,7 @@ class HessSpectrum(Quantity):
         quad = slq(
             matvec, dim, cfg.slq_probes, cfg.slq_steps, cfg.slq_distribution, gen, dtype, device
         )
-        start = self._warm_start(ctx, dim)
-        ctx.cache.pop(_CACHE_KEY)
-        result, keep = warm_lanczos(
-            matvec,
-            start,
-            dim,
-            gen,
-            dtype,
-            device,
-            k=cfg.k,
-            tol=cfg.tol,
-            max_iter=cfg.max_iter,
-            basis_size=cfg.basis_size,
-        )
-        if cfg.warm_start:
-            self._keep(ctx, keep)
+        result = self.top_eigenpairs(ctx, matvec, dim, gen)
         top = np.asarray(result.eigenvalues, dtype=np.float64)
         grid, density, sigma = broaden(quad.nodes, quad.weights, cfg.sigma, cfg.grid, also=top)
         return {
@@ -164,11 +140,3 @@ class HessSpectrum(Quantity):
             "hvps": int(quad.matvecs + result.matvecs),
             "converged": bool(result.converged),
         }
-
-    def _warm_start(self, ctx: StepContext, dim: int) -> torch.Tensor | None:
-        """The previous tracked step's leading Ritz vectors, if cached."""
-        return cached_start(ctx, _CACHE_KEY, dim, self.config.warm_start)
-
-    def _keep(self, ctx: StepContext, vectors: torch.Tensor) -> None:
-        """Cache the eigenvectors until the next tracked step, if it comes soon enough."""
-        keep_until_next_step(ctx, self, _CACHE_KEY, vectors, self.config.warm_start_max_gap)
