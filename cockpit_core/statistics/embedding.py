@@ -41,10 +41,29 @@ class EmbeddingGrads(PerSampleGrads):
         d = grad_outputs.reshape(batch, -1, dim).to(reduction_dtype(grad_outputs))
         sample = torch.arange(batch, device=idx.device).unsqueeze(1).expand_as(idx)
         keep = torch.ones_like(idx, dtype=torch.bool) if padding_idx is None else idx != padding_idx
-        keys = (sample * num_embeddings + idx)[keep]
-        unique, inverse = torch.unique(keys, return_inverse=True)
+        self._sum_rows(sample[keep], idx[keep], d[keep], batch, num_embeddings)
+
+    @classmethod
+    def from_rows(
+        cls, sample: Tensor, index: Tensor, rows: Tensor, batch_size: int, num_embeddings: int
+    ) -> EmbeddingGrads:
+        """Per-sample gradients given as rows: ``g_n[index_u] += rows_u`` for ``sample_u = n``.
+
+        Rows of the same ``(sample, index)`` are summed (e.g. the rows of two uses of one
+        weight).
+        """
+        out = object.__new__(cls)
+        out._sum_rows(sample, index, rows, batch_size, num_embeddings)
+        return out
+
+    def _sum_rows(
+        self, sample: Tensor, index: Tensor, d: Tensor, batch: int, num_embeddings: int
+    ) -> None:
+        """Sum the rows ``d`` of equal ``(sample, index)`` once; keep the touched rows only."""
+        dim = d.shape[-1]
+        unique, inverse = torch.unique(sample * num_embeddings + index, return_inverse=True)
         rows = torch.zeros(len(unique), dim, dtype=d.dtype, device=d.device)
-        rows.index_add_(0, inverse, d[keep])
+        rows.index_add_(0, inverse, d)
         self.rows = rows  # [U, dim]: the summed row of each touched (sample, index)
         self.sample = torch.div(unique, num_embeddings, rounding_mode="floor")
         self.index = unique - self.sample * num_embeddings
