@@ -9,6 +9,14 @@ results are merged, parameters a provider left empty go to a provider that recom
 pass where one can serve them (with a warning, once), every statistic some parameter did
 not receive is reported with the reasons, and one parameter's ``p.grad`` is compared with
 the mean of its per-sample gradients (:attr:`StatisticsRouter.checked`).
+
+The comparison runs for every per-sample provider, those that recompute the pass
+included: each of these gets a parameter of its own to check (the smallest it serves). A
+recomputed pass whose per-sample mean points elsewhere than ``p.grad`` (other dropout
+masks, state that changed between calls: :mod:`cockpit_core.statistics.mean_check`) loses
+its statistics at the step, with that reason, instead of delivering those of another
+network; a mere scale (a loss that is not a mean) goes to the loop check's warning as for
+any provider.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.requirements import Statistic
+from cockpit_core.statistics import mean_check
 from cockpit_core.statistics.messages import MODEL_HINT, name_list
-from cockpit_core.statistics.provider import Collection
+from cockpit_core.statistics.provider import Collection, StatisticProvider
 
 if TYPE_CHECKING:
     from cockpit_core.statistics.router import StatisticsRouter
@@ -53,6 +62,7 @@ class StepCollection:
         self.served, self.unrouted = router.plan(self.stats)
         self.results: Results = {s.identity: [None] * len(router.params) for s in self.stats}
         self.collections: dict[str, Collection] = {}
+        self.eager = False
 
     def collection(
         self,
@@ -68,6 +78,7 @@ class StepCollection:
             batch_size=self.batch_size,
             info=self.info,
             eager=eager,
+            grad_of_batch=self.eager,
             samples=self.samples,
             loss_scale=self.loss_scale,
             requests=requests,
@@ -80,27 +91,26 @@ class StepCollection:
         router = self.router
         router.require_model(self.stats, self.unrouted)
         missing: dict[Identity, str] = {}
+        self.eager = eager  # one process, whole batch: p.grad is this pass's gradient
         names = [*self.served, *(n for n in self.requests if n not in self.served)]
         self.collections = {
             name: self.collection(self.served.get(name, {}), eager, self.requests.get(name, ()))
             for name in names
         }
-        checking = self._check_target() if eager else None
-        if checking is not None:
-            self.collections[checking[0]].check_index = checking[1]
+        checks = self._check_targets() if eager else {}
+        for name, index in checks.items():
+            self.collections[name].check_index = index
         with contextlib.ExitStack() as stack:
             # providers that recompute the pass run theirs last, with the others' hooks off
             for name in sorted(self.collections, key=lambda n: not router.providers[n].recomputes):
                 stack.enter_context(self._guarded(name, self.collections[name]))
             yield self.results, missing
+        rejected = self._reject_recomputed(checks)
         for col in self.collections.values():
             self._merge(col)
         self._fall_back()
         missing.update(self._missing())
-        if checking is not None:
-            name, index = checking
-            mean = self.collections[name].check_mean
-            router.checked = _compare(index, router.params[index].grad, mean)
+        router.checked = self._checked(checks, rejected)
 
     def _merge(self, col: Collection) -> set[int]:
         """Copy ``col``'s values into the results where they are still empty."""
@@ -114,21 +124,84 @@ class StepCollection:
                     filled.add(i)
         return filled
 
-    def _check_target(self) -> tuple[str, int] | None:
-        """``(provider, index)``: the smallest parameter a per-sample provider serves now."""
-        router, best = self.router, None
+    def _check_targets(self) -> dict[str, int]:
+        """Per provider, the parameter whose per-sample mean is compared with ``p.grad``.
+
+        The smallest parameter any provider that reads the user's pass serves (one check
+        for all of them, as the loop check needs one), and for every provider that
+        recomputes the pass the smallest parameter it serves.
+        """
+        router = self.router
+        best: tuple[int, str, int] | None = None
+        recomputing: dict[str, tuple[int, int]] = {}
         for stat in self.stats:
             if not stat.per_sample:
                 continue
             for name, table in self.served.items():
                 provider = router.providers[name]
-                if not provider.per_sample or provider.recomputes:
+                if not provider.per_sample:
                     continue
                 for i in table.get(stat.identity, ()):
                     size = router.params[i].numel()
-                    if best is None or size < best[0]:
+                    if provider.recomputes:
+                        if name not in recomputing or size < recomputing[name][0]:
+                            recomputing[name] = (size, i)
+                    elif best is None or size < best[0]:
                         best = (size, name, i)
-        return None if best is None else (best[1], best[2])
+        out = {name: i for name, (_, i) in recomputing.items()}
+        if best is not None:
+            out[best[1]] = best[2]
+        return out
+
+    def _reject_recomputed(self, checks: Mapping[str, int]) -> set[str]:
+        """Drop the statistics of recomputing providers whose per-sample mean misses ``p.grad``.
+
+        Returns:
+            The providers whose statistics were dropped.
+
+        """
+        router, rejected = self.router, set()
+        for name, index in checks.items():
+            col = self.collections[name]
+            grad = router.params[index].grad
+            if not router.providers[name].recomputes or col.check_mean is None or grad is None:
+                continue
+            off = float(mean_check.residual(grad, col.check_mean))
+            if off <= mean_check.floor(grad):
+                continue
+            # the core does not know the precision of the user's pass (autocast) nor of
+            # the provider's: a half-precision tolerance, far below another network's miss
+            tol = max(mean_check.tolerance(grad), mean_check.LOOSEST)
+            if off <= tol:
+                continue
+            rejected.add(name)
+            message = mean_check.mismatch_message(
+                f"The '{name}' provider", [router.names[index]], off, tol
+            )
+            col.results.clear()
+            for stat in col.statistics:
+                col.missing[stat.identity] = message
+        return rejected
+
+    def _checked(
+        self, checks: Mapping[str, int], rejected: set[str]
+    ) -> tuple[int, float, float] | None:
+        """The per-sample-mean check for the loop check (:attr:`StatisticsRouter.checked`).
+
+        That of the providers reading the user's pass; else the smallest parameter of a
+        recomputing provider whose statistics were kept.
+        """
+        router = self.router
+        order = sorted(
+            (n for n in checks if n not in rejected),
+            key=lambda n: (router.providers[n].recomputes, router.params[checks[n]].numel()),
+        )
+        for name in order:
+            index = checks[name]
+            compared = _compare(index, router.params[index].grad, self.collections[name].check_mean)
+            if compared is not None or not router.providers[name].recomputes:
+                return compared
+        return None
 
     @contextlib.contextmanager
     def _guarded(self, name: str, col: Collection) -> Iterator[None]:
@@ -200,6 +273,7 @@ class StepCollection:
                     targets[stat.identity] = frozenset(lacking)
             if not targets:
                 continue
+            _tell_fell_back(provider, self._backed_up(name, targets))
             col = self.collection(targets, eager=False)
             try:
                 with self._guarded(name, col):
@@ -221,6 +295,20 @@ class StepCollection:
                     stacklevel=6,
                 )
 
+    def _backed_up(
+        self, name: str, targets: Mapping[Identity, frozenset[int]]
+    ) -> dict[StatisticProvider, frozenset[int]]:
+        """For a fallback of provider ``name``: which provider left which parameters empty."""
+        out: dict[StatisticProvider, set[int]] = {}
+        for other, table in self.served.items():
+            if other == name:
+                continue
+            for ident, indices in targets.items():
+                common = indices & table.get(ident, frozenset())
+                if common:
+                    out.setdefault(self.router.providers[other], set()).update(common)
+        return {p: frozenset(v) for p, v in out.items()}
+
     def _missing(self) -> dict[Identity, str]:
         """A message per statistic that some parameters (with a gradient) did not receive."""
         router, out = self.router, {}
@@ -241,6 +329,21 @@ class StepCollection:
                 parts.append(f"Or: {MODEL_HINT}")
             out[ident] = " ".join(parts)
         return out
+
+
+def _tell_fell_back(
+    provider: StatisticProvider, others: Mapping[StatisticProvider, frozenset[int]]
+) -> None:
+    """``provider.fell_back(others)``; a provider that raises there only loses that notice."""
+    try:
+        provider.fell_back(others)
+    except Exception as err:  # plugin code must not stop training
+        warnings.warn(
+            f"cockpit: statistics provider {provider.name!r} failed in fell_back: "
+            f"{type(err).__name__}: {err}",
+            CockpitWarning,
+            stacklevel=2,
+        )
 
 
 def _fail(col: Collection, name: str, err: BaseException) -> None:

@@ -99,7 +99,13 @@ class Collection:
         check_index: A parameter whose per-sample gradients' mean the core compares with
             its ``p.grad`` after ``backward`` (:attr:`check_mean`), to detect a loss that is
             not the mean over ``batch_size`` samples, or gradients scaled unannounced.
-        check_mean: Set by :meth:`deliver` for ``check_index``.
+        check_mean: Set by :meth:`deliver` for ``check_index`` (a provider that recomputes
+            the pass sets it itself when it does not deliver through :meth:`deliver`).
+        grad_of_batch: Whether ``p.grad`` after ``backward`` is the gradient of exactly this
+            collection's samples (one process, no gradient accumulation), also when the
+            collection is entered after ``backward`` (a fallback). A provider that
+            recomputes the pass compares the mean of its per-sample gradients with it
+            (:mod:`cockpit_core.statistics.mean_check`).
         info: The step's ``info`` dict (``inputs`` and ``targets`` for providers that
             recompute the forward pass).
         eager: Whether the final gradient of a parameter equals the mean of its
@@ -123,6 +129,7 @@ class Collection:
     loss_scale: float = 1.0
     check_index: int | None = None
     check_mean: Any = None
+    grad_of_batch: bool = False
     eager: bool = False
     results: dict[Identity, list[Any]] = field(default_factory=dict)
     missing: dict[Identity, str] = field(default_factory=dict)
@@ -250,6 +257,10 @@ class StatisticProvider:
         """
         return None
 
+    def describe(self, slot: ParamSlot) -> str:
+        """One line on how the provider serves ``slot`` (e.g. the rule of its module); "" if nothing to add."""
+        return ""
+
     def accepts(self, request: Any) -> bool:
         """Whether the provider serves ``request``, an object passed to ``cp(step, *requests)``.
 
@@ -288,6 +299,16 @@ class StatisticProvider:
         :meth:`Collection.fail` and let training go on.
         """
         yield
+
+    def fell_back(self, others: Mapping[StatisticProvider, frozenset[int]]) -> None:
+        """It was asked to compute statistics of parameters other providers left empty.
+
+        Called on a provider that ``recomputes`` after such a fallback at a step:
+        ``others[p]`` are the parameters provider ``p`` left empty. A provider that must
+        observe the forward pass can then also observe the forward passes those providers
+        are :meth:`armed` for (it is not armed for parameters it does not serve). Default:
+        nothing.
+        """
 
     def close(self) -> None:
         """Release hooks and buffers (the Cockpit was closed)."""
