@@ -63,6 +63,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
         PerSampleGrads,
     )
     from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
+    from cockpit_core.statistics.tied import TiedGrads
 
 _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped by topic
     # tracking a training run
@@ -104,6 +105,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "ConvGrads": "cockpit_core.statistics.per_sample",
     "EmbeddingGrads": "cockpit_core.statistics.per_sample",
     "OuterProductGrads": "cockpit_core.statistics.per_sample",
+    "TiedGrads": "cockpit_core.statistics.tied",
     # plugins
     "hookimpl": "cockpit_core.hookspecs",
     "PROTOCOL_VERSION": "cockpit_core.hookspecs",

@@ -76,14 +76,14 @@ def test_backpack_and_func_mix_on_an_extended_transformer():
     run_and_compare(problem, backend=backend)
 
 
-def test_auto_prefers_module_hooks_and_falls_back_to_func_only_for_pos():
+def test_auto_routes_every_parameter_to_module_hooks():
+    """The learned positions ``pos``, added to the batch in the model's forward, included."""
     problem = tiny_transformer(extended=True)
     cp = train(problem, ["loss"], steps=1, backend="auto")
     routes = {
         name: route.provider
         for name, route in zip(cp.param_names, cp._router.routes(BATCH_L2.kind))
     }
-    assert routes.pop("pos") == "func"
     assert set(routes.values()) == {"hooks"}
     run_and_compare(problem, backend="auto")
 

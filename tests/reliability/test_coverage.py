@@ -154,34 +154,34 @@ def test_cockpit_check_cli(tmp_path, capsys):
     assert "cannot import 'no_such_module_xyz'" in capsys.readouterr().err
 
 
-class _WithPositions(torch.nn.Module):
-    """A Linear layer plus a parameter owned by the model itself (no module rule)."""
+class _FrequencyScaled(torch.nn.Module):
+    """A Linear layer after an embedding whose gradient mixes the samples (no module rule)."""
 
     def __init__(self):
         super().__init__()
-        self.pos = torch.nn.Parameter(torch.zeros(3))
+        self.embed = torch.nn.Embedding(5, 3, scale_grad_by_freq=True)
         self.lin = torch.nn.Linear(3, 2)
 
-    def forward(self, x):
-        return self.lin(x + self.pos)
+    def forward(self, idx):
+        return self.lin(self.embed(idx).mean(1))
 
 
 def test_cockpit_check_cli_backend_and_loss(monkeypatch, capsys):
     """--loss lets torch.func serve what no module rule covers; --backend picks providers."""
     module = types.ModuleType("cockpit_check_models")
-    module.with_positions = _WithPositions
+    module.frequency_scaled = _FrequencyScaled
     monkeypatch.setitem(sys.modules, "cockpit_check_models", module)
-    spec = ["check", "cockpit_check_models:with_positions", "--quantities", "norm_test"]
+    spec = ["check", "cockpit_check_models:frequency_scaled", "--quantities", "norm_test"]
 
-    assert main(spec) == 1  # no loss: torch.func cannot serve 'pos'
+    assert main(spec) == 1  # no loss: torch.func cannot serve 'embed.weight'
     out = capsys.readouterr().out
-    assert "UNAVAILABLE" in out and "'pos'" in out
+    assert "UNAVAILABLE" in out and "'embed.weight'" in out
 
     assert main([*spec, "--loss", "cross_entropy"]) == 0
     out = capsys.readouterr().out
-    assert "hooks; func for 'pos' (_WithPositions)" in out
-    assert re.search(r"^  func: parameter\(s\) 'pos'$", out, flags=re.MULTILINE), out
-    assert "not hooks: no rule for _WithPositions" in out
+    assert "hooks; func for 'embed' (Embedding)" in out
+    assert re.search(r"^  func: parameter\(s\) 'embed.weight'$", out, flags=re.MULTILINE), out
+    assert "not hooks: Embedding: scale_grad_by_freq=True" in out
 
     assert main([*spec, "--loss", "cross_entropy", "--backend", "func"]) == 0
     out = capsys.readouterr().out

@@ -29,25 +29,43 @@ class Site:
 
     Attributes:
         rule: The rule of the module.
+        module: The module whose call (or whose functional call) this use is.
         params: ``(tracked index, owner module, attribute)`` of each parameter it feeds.
         saved: What the rule kept from the forward pass.
+        shape: The shape of the use's output.
         grad: The gradient of the use's output (set during ``backward``).
         handle: The hook on the output tensor.
+        per_sample: When the output was broadcast over the batch
+            (:mod:`cockpit_hooks.broadcast`): the per-sample gradients of the loss w.r.t.
+            it, ``[B, *shape]``, summed over its broadcasts; ``grad`` is then the total.
 
     """
 
     rule: Rule
+    module: torch.nn.Module
     params: list[tuple[int, torch.nn.Module, str]]
     saved: Any
+    shape: torch.Size
     grad: Tensor | None = None
     handle: Any = None
+    per_sample: Tensor | None = None
+
+    @property
+    def broadcast(self) -> bool:
+        """Whether the output was broadcast over the batch (per-sample gradients captured)."""
+        return self.per_sample is not None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the backward pass reached the use."""
+        return self.grad is not None or self.per_sample is not None
 
     def release(self) -> None:
         """Remove the output hook and drop the tensors."""
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
-        self.saved = self.grad = None
+        self.saved = self.grad = self.per_sample = None
 
 
 @dataclass

@@ -10,28 +10,40 @@ import torch
 
 from cockpit_hooks.rules.attention import AttentionRule
 from cockpit_hooks.rules.base import Rule, Use
+from cockpit_hooks.rules.batchnorm import BatchNormRule
 from cockpit_hooks.rules.conv import ConvRule
+from cockpit_hooks.rules.conv1d import Conv1DRule
 from cockpit_hooks.rules.embedding import EmbeddingRule
+from cockpit_hooks.rules.functional import FunctionalRule
+from cockpit_hooks.rules.generic import GenericRule
 from cockpit_hooks.rules.linear import LinearRule
 from cockpit_hooks.rules.norm import GroupNormRule, LayerNormRule
 
 RULES: tuple[Rule, ...] = (
     LinearRule(),
+    Conv1DRule(),
     EmbeddingRule(),
     LayerNormRule(),
     GroupNormRule(),
+    BatchNormRule(),
     ConvRule(),
     AttentionRule(),
 )
-"""Every rule, in the order they are tried."""
+"""Every dedicated rule, in the order they are tried."""
+
+GENERIC = GenericRule()
+"""The rule of any other module with its own parameters (re-runs that module per sample)."""
+
+FUNCTIONAL = FunctionalRule()
+"""The rule of a module's own parameters passed to ``F.linear``, ``F.layer_norm``, ..."""
 
 
 def rule_for(module: torch.nn.Module) -> Rule | None:
-    """The rule for ``module``'s exact type, if any."""
+    """The dedicated rule for ``module``'s exact type, if any."""
     for rule in RULES:
-        if type(module) in rule.modules:
+        if rule.handles(module):
             return rule
     return None
 
 
-__all__ = ["RULES", "Rule", "Use", "rule_for"]
+__all__ = ["FUNCTIONAL", "GENERIC", "RULES", "Rule", "Use", "rule_for"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -10,6 +11,11 @@ import torch
 from torch import Tensor
 
 from cockpit_core import PerSampleGrads
+
+
+class Unsupported(ValueError):
+    """A use of a module that the rule cannot serve; the message says why (and what to do)."""
+
 
 Piece = tuple[Any, Tensor]
 """``(saved, grad_output)``: what a rule kept from one use, and the gradient of its output."""
@@ -43,14 +49,32 @@ class Rule:
     Class attributes:
         modules: The module classes the rule handles (exact types: a subclass may change
             the forward pass).
+        class_names: Qualified names (``"package.module.Class"``) of further module
+            classes the rule handles, for classes of packages the plugin does not import
+            (``transformers``' ``Conv1D``).
         intercepts: A functional the module's ``forward`` calls (e.g.
             ``F.multi_head_attention_forward``); the rule then computes it itself in
             :meth:`intercept` instead of observing the module's output.
+        label: How :meth:`cockpit_core.StatisticProvider.describe` names the rule.
+        generic_fallback: Whether a module this rule refuses (:meth:`supports`) treats the
+            samples independently all the same, so the generic rule may serve it.
 
     """
 
     modules: ClassVar[tuple[type, ...]] = ()
+    class_names: ClassVar[tuple[str, ...]] = ()
     intercepts: ClassVar[Callable[..., Any] | None] = None
+    label: ClassVar[str] = ""
+    generic_fallback: ClassVar[bool] = False
+
+    def handles(self, module: torch.nn.Module) -> bool:
+        """Whether ``module``'s exact type is one of the rule's."""
+        cls = type(module)
+        return cls in self.modules or f"{cls.__module__}.{cls.__qualname__}" in self.class_names
+
+    def name(self, module: torch.nn.Module) -> str:
+        """``"Linear rule"``: the rule's label, or the module's class."""
+        return f"{self.label or type(module).__name__} rule"
 
     def supports(self, module: torch.nn.Module) -> str | None:
         """``None`` if the rule handles this configuration of ``module``, else why not."""
@@ -80,6 +104,36 @@ class Rule:
     ) -> PerSampleGrads:
         """The per-sample gradients of ``owner.<attr>`` from all its uses' pieces."""
         raise NotImplementedError
+
+    def broadcast(self, saved: Any, batch_size: int, added: bool) -> Any:
+        """What the rule kept of a use whose output was broadcast over the batch, made per-sample.
+
+        The module ran once for the whole batch (positions ``[1, T]`` or ``[T]`` looked up
+        once) and its output was broadcast into batched tensors; the provider captured the
+        gradient at the broadcast, one per sample. The input is the same for every sample:
+        ``added`` says whether the output lacked the batch axis (then one is prepended to
+        the input), else its dimension 0 has size 1. Tensors and objects with an
+        ``inputs`` tensor (:class:`~cockpit_hooks.rules.linear.LinearInput`) are expanded.
+        """
+        if isinstance(saved, Tensor):
+            return expand_batch(saved, batch_size, added)
+        if dataclasses.is_dataclass(saved) and isinstance(getattr(saved, "inputs", None), Tensor):
+            return dataclasses.replace(saved, inputs=expand_batch(saved.inputs, batch_size, added))
+        raise ValueError(
+            f"the rule cannot expand what it kept ({type(saved).__name__}) to the batch"
+        )
+
+
+def expand_batch(tensor: Tensor, batch_size: int, added: bool) -> Tensor:
+    """``tensor`` as ``batch_size`` equal samples: a new batch axis (``added``) or dimension 0 of 1."""
+    if added:
+        tensor = tensor.unsqueeze(0)
+    elif tensor.dim() == 0 or tensor.shape[0] != 1:
+        raise ValueError(
+            f"the module's output was broadcast over the batch but its input has shape "
+            f"{tuple(tensor.shape)}, not one sample on dimension 0"
+        )
+    return tensor.expand(batch_size, *tensor.shape[1:])
 
 
 def first_input(args: tuple, kwargs: dict, name: str = "input") -> Tensor:

@@ -19,6 +19,7 @@ class ConvRule(Rule):
     """Ungrouped ``nn.Conv1d``/``nn.Conv2d`` (any stride, dilation, padding and padding mode)."""
 
     modules = (torch.nn.Conv1d, torch.nn.Conv2d)
+    generic_fallback = True  # grouped (depthwise) convolutions: the generic rule
 
     def supports(self, module: torch.nn.Module) -> str | None:
         """Only ``groups=1``."""

@@ -1,0 +1,289 @@
+"""Per-sample gradients captured where the forward pass broadcasts a tensor into the batch.
+
+Some tensors enter the batch by broadcasting: a position table looked up once for the
+whole batch (``wpe(arange(T))``, positions ``[1, T]``), a bare parameter added to or
+multiplied into batched activations (a ViT's ``x + self.pos_embed``, an RMSNorm's
+``self.weight * x``) or expanded to it (``self.cls_token.expand(B, -1, -1)``). Autograd
+sums the gradient over the samples where the broadcast is undone, so no hook on the
+tensor itself sees the per-sample part. :class:`BroadcastMode` is a
+``TorchFunctionMode`` active during the root module's forward pass of a tracked step; when
+a tracked tensor meets a batched one in an elementwise operation, it hands the operation
+the tensor *explicitly expanded* to the batch (the same values, so the result is
+unchanged) and hooks the expanded tensor, whose gradient is per sample:
+
+    g_n(t) = B * sum_{axes t was broadcast over} dL/d(expand(t))[n].
+
+Views and casts of a tracked tensor that keep its elements in order (``view``,
+``reshape``, ``unsqueeze``, ``squeeze``, ``flatten``, ``to``, ``contiguous``) are followed
+and their gradients mapped back. A tracked parameter passed as the weight or bias of a
+supported functional (``F.linear``, ``F.layer_norm``, ``F.rms_norm``, ``F.embedding``) is
+handed to a callback, which records the call for
+:mod:`cockpit_hooks.rules.functional`. Any other differentiable use of a tracked tensor is
+recorded, so that its per-sample gradients are reported incomplete instead of wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from cockpit_hooks.rules.functional import FunctionalCall, bind
+
+T = Tensor
+_ELEMENTWISE = frozenset(
+    {
+        torch.add,
+        torch.sub,
+        torch.subtract,
+        torch.mul,
+        torch.multiply,
+        torch.div,
+        torch.divide,
+        torch.true_divide,
+        torch.where,
+        T.add,
+        T.sub,
+        T.mul,
+        T.div,
+        T.__add__,
+        T.__radd__,
+        T.__sub__,
+        T.__rsub__,
+        T.__mul__,
+        T.__rmul__,
+        T.__truediv__,
+        T.__rtruediv__,
+    }
+)
+"""Broadcasting elementwise operations: an operand may be expanded to the result's shape."""
+
+_IN_PLACE = frozenset(
+    {T.add_, T.sub_, T.mul_, T.div_, T.__iadd__, T.__isub__, T.__imul__, T.__itruediv__}
+)
+"""In-place elementwise operations: the other operands may be expanded, not the target."""
+
+_EXPAND = frozenset({T.expand, T.expand_as, T.broadcast_to, torch.broadcast_to})
+"""Operations that broadcast their input themselves."""
+
+_FOLLOW = frozenset(
+    {
+        T.to,
+        T.type,
+        T.type_as,
+        T.float,
+        T.double,
+        T.half,
+        T.bfloat16,
+        T.contiguous,
+        T.clone,
+        T.view,
+        T.view_as,
+        T.reshape,
+        T.reshape_as,
+        T.unsqueeze,
+        T.squeeze,
+        T.flatten,
+        T.unflatten,
+        torch.reshape,
+        torch.unsqueeze,
+        torch.squeeze,
+        torch.flatten,
+        torch.unflatten,
+    }
+)
+"""Operations whose output holds the input's elements in the same order (maybe cast)."""
+
+
+@dataclass(eq=False)
+class Origin:
+    """A tensor whose per-sample gradients are captured where it is broadcast.
+
+    Attributes:
+        shape: Its shape.
+        key: For a parameter, its index among the tracked parameters (else ``None``).
+        receive: Called during ``backward`` with the per-sample gradients of the loss
+            w.r.t. it, ``[B, *shape]`` (not yet multiplied by ``B``), once per broadcast.
+        broadcast_at: The operations at which it was broadcast (and captured).
+        other_uses: The operations that used it otherwise (differentiably).
+
+    """
+
+    shape: torch.Size
+    receive: Callable[[Tensor], None]
+    key: int | None = None
+    broadcast_at: list[str] = field(default_factory=list)
+    other_uses: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Tracked:
+    """A tracked tensor: the tensor itself (its ``id`` stays valid), its origin, the way back."""
+
+    tensor: Tensor
+    origin: Origin
+    back: Callable[[Tensor], Tensor]
+
+
+class BroadcastMode(TorchFunctionMode):
+    """Captures per-sample gradients of tracked tensors at their broadcasts into the batch.
+
+    Args:
+        batch_size: ``B``, the batch of the forward pass (dimension 0 of its input).
+        on_functional: Called with a supported functional call, its tracked parameters
+            (``{argument name: origin}``) and its output; returns whether it recorded the
+            call (else these are other uses).
+
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        on_functional: Callable[[FunctionalCall, dict[str, Origin], Tensor], bool] | None = None,
+    ):
+        super().__init__()
+        self.batch_size = batch_size
+        self.on_functional = on_functional
+        self._tracked: dict[int, _Tracked] = {}
+
+    def track(self, tensor: Tensor, origin: Origin) -> None:
+        """Follow ``tensor`` (a parameter, or a module's output) from now on."""
+        self._tracked[id(tensor)] = _Tracked(tensor, origin, _identity)
+
+    def release(self) -> None:
+        """Forget every tracked tensor (the forward pass ended)."""
+        self._tracked = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
+        if not self._tracked:
+            return func(*args, **kwargs)
+        if func in _ELEMENTWISE or func in _IN_PLACE:
+            return self._elementwise(func, args, kwargs)
+        call = bind(func, args, kwargs) if self.on_functional is not None else None
+        if call is not None:
+            return self._functional(func, call, args, kwargs)
+        hits = [self._tracked[id(a)] for a in _tensors(args, kwargs) if id(a) in self._tracked]
+        out = func(*args, **kwargs)
+        if not hits:
+            return out
+        if func in _EXPAND and len(hits) == 1 and args and args[0] is hits[0].tensor:
+            if isinstance(out, Tensor) and self._capture(hits[0], out, _name(func)):
+                return out
+        elif func in _FOLLOW and len(hits) == 1 and args and args[0] is hits[0].tensor:
+            if isinstance(out, Tensor) and out.numel() == hits[0].tensor.numel():
+                self._follow(hits[0], out)
+                return out
+        if any(isinstance(t, Tensor) and t.requires_grad for t in tree_flatten(out)[0]):
+            for hit in hits:
+                hit.origin.other_uses.append(_name(func))
+        return out
+
+    def _elementwise(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Expand every tracked operand that the operation broadcasts over the batch."""
+        tensors = _tensors(args, kwargs)
+        if not any(id(a) in self._tracked for a in tensors):
+            return func(*args, **kwargs)
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        target = args[0] if func in _IN_PLACE and args else None
+        new_args = list(args)
+        for k, a in enumerate(args):
+            hit = self._tracked.get(id(a)) if isinstance(a, Tensor) else None
+            if hit is None:
+                continue
+            if a is not target and _batch_broadcast(a.shape, shape, self.batch_size):
+                expanded = a.expand(shape)
+                if self._capture(hit, expanded, _name(func)):
+                    new_args[k] = expanded
+                    continue
+            hit.origin.other_uses.append(_name(func))
+        for key, a in kwargs.items():
+            if isinstance(a, Tensor) and id(a) in self._tracked:
+                self._tracked[id(a)].origin.other_uses.append(f"{_name(func)}({key}=...)")
+        return func(*new_args, **kwargs)
+
+    def _functional(self, func: Any, call: FunctionalCall, args: tuple, kwargs: dict) -> Any:
+        """A supported functional: its tracked parameters go to :attr:`on_functional`."""
+        roles = {
+            role: hit.origin
+            for role, t in call.parameters().items()
+            if (hit := self._tracked.get(id(t))) is not None
+            and hit.back is _identity
+            and hit.origin.key is not None
+        }
+        out = func(*args, **kwargs)
+        recorded = (
+            bool(roles)
+            and isinstance(out, Tensor)
+            and call.unsupported() is None
+            and self.on_functional is not None
+            and self.on_functional(call, roles, out)
+        )
+        if isinstance(out, Tensor) and out.requires_grad:
+            handled = set(map(id, roles.values())) if recorded else set()
+            for t in _tensors(args, kwargs):
+                hit = self._tracked.get(id(t))
+                if hit is not None and id(hit.origin) not in handled:
+                    hit.origin.other_uses.append(_name(func))
+        return out
+
+    def _capture(self, hit: _Tracked, expanded: Tensor, where: str) -> bool:
+        """Hook ``expanded`` (``hit``'s tensor broadcast to ``[B, ...]``): per-sample gradients."""
+        source = hit.tensor
+        if not expanded.requires_grad or not _batch_broadcast(
+            source.shape, expanded.shape, self.batch_size
+        ):
+            return False
+        rank = len(expanded.shape)
+        aligned = (1,) * (rank - source.dim()) + tuple(source.shape)
+        origin, back, batch = hit.origin, hit.back, self.batch_size
+        origin.broadcast_at.append(where)
+
+        def on_grad(grad: Tensor) -> None:
+            per_sample = grad.sum_to_size((batch, *aligned[1:])).reshape(batch, *source.shape)
+            origin.receive(back(per_sample))
+
+        expanded.register_hook(on_grad)
+        return True
+
+    def _follow(self, hit: _Tracked, out: Tensor) -> None:
+        """Track ``out``, a reordering-free view or cast of ``hit``'s tensor."""
+        shape, dtype, back = tuple(hit.tensor.shape), hit.tensor.dtype, hit.back
+
+        def to_source(per_sample: Tensor) -> Tensor:
+            return back(per_sample.reshape(per_sample.shape[0], *shape).to(dtype))
+
+        self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
+def _batch_broadcast(shape: torch.Size, result: torch.Size, batch_size: int) -> bool:
+    """Whether ``shape`` is broadcast over dimension 0 (the batch) of ``result``."""
+    if len(result) == 0 or result[0] != batch_size or len(shape) > len(result):
+        return False
+    return len(shape) < len(result) or shape[0] == 1
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors among a call's arguments, and inside list or tuple arguments (``cat``)."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, Tensor))
+    return out
+
+
+def _name(func: Any) -> str:
+    """``torch.matmul``, ``TensorBase.mm``: how a use is named in messages."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return name if "." in name else f"torch.{name}"
