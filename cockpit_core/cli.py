@@ -75,6 +75,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    """``type`` of ``cockpit check --input-shape``: sizes such as ``3,32,32``."""
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected sizes of at least 1 separated by commas, e.g. 3,32,32, got {text!r}"
+        )
+    return sizes
+
+
 def _model_spec(text: str) -> str:
     """``type`` of ``cockpit check``'s model: ``module:function`` or ``file.py:function``."""
     module, _, function = text.rpartition(":")
@@ -145,17 +158,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "check",
         help="list which quantities can be computed for a model (exit 1 if any cannot)",
-        description="Build the model that FUNCTION returns and report, for each quantity, "
-        "whether it can be computed and which statistics provider serves each parameter. "
-        "MODULE is a module importable from the current directory or a path to a .py file, "
-        "e.g. cockpit check models.py:make_model --loss cross_entropy. Exit code 0 if every "
-        "quantity can be computed, 1 if not.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Build the model that FUNCTION returns and report, for each quantity, whether it
+can be computed and which statistics provider serves each parameter. With a
+batch, also run one tracked step on a copy of the model and report what each
+quantity and provider did there. MODULE is a module importable from the
+current directory or a path to a .py file. Exit code 0 if every quantity can
+be computed (and was, at the step), 1 if not.""",
+        epilog="""\
+FUNCTION returns one of:
+  model              no forward pass: the providers' verdicts only
+  (model, batch)     batch: the inputs (a tensor, or a dict of keyword
+                     arguments), or (inputs, targets); --loss names its loss
+                     (random targets when the batch has none)
+  (model, sample)    sample(model) runs the model and returns the mean loss,
+                     or the per-sample losses [B]
+
+examples:
+  cockpit check models.py:make_model --loss cross_entropy
+  cockpit check models.py:cnn --input-shape 3,32,32 --loss cross_entropy
+  cockpit check models.py:gpt --vocab 50257 --seq-len 64 --loss cross_entropy""",
     )
     p.add_argument(
         "model",
         type=_model_spec,
         metavar="MODULE:FUNCTION",
-        help="'module:function' or 'path/to/file.py:function' returning the model",
+        help="'module:function' or 'path/to/file.py:function' returning the model, "
+        "(model, batch) or (model, sample)",
     )
     p.add_argument("--quantities", default="economy", help="preset or comma-separated names")
     p.add_argument("--config", default=None, help="config file naming the quantities instead")
@@ -169,8 +199,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--loss",
         choices=sorted(commands.CHECK_LOSSES),
         default=None,
-        help="the training loss; lets torch.func serve parameters no cheaper provider can "
-        "(e.g. a learned positional embedding owned by the model itself)",
+        help="the training loss: the loss of the batch (per sample; cross_entropy reads "
+        "class scores on the last dimension), and it lets torch.func serve parameters no "
+        "cheaper provider can (e.g. a learned positional embedding owned by the model itself)",
+    )
+    batch = p.add_argument_group(
+        "random batch", "instead of a batch from FUNCTION (needs --loss; targets are random)"
+    )
+    batch.add_argument(
+        "--input-shape",
+        type=_shape,
+        default=None,
+        metavar="D,...",
+        help="float inputs of this shape per sample, e.g. 3,32,32 (normal noise)",
+    )
+    batch.add_argument(
+        "--vocab", type=_positive_int, default=None, metavar="V", help="token ids below V"
+    )
+    batch.add_argument(
+        "--seq-len", type=_positive_int, default=None, metavar="T", help="tokens per sequence"
+    )
+    batch.add_argument(
+        "--batch", type=_positive_int, default=4, metavar="B", help="samples (default 4)"
     )
     p.set_defaults(func=commands.cmd_check)
 

@@ -210,21 +210,8 @@ def load_model_factory(spec: str) -> Any:
     return factory
 
 
-def _per_sample_cross_entropy(outputs: Any, targets: Any) -> Any:
-    import torch
-
-    return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
-
-
-def _per_sample_mse(outputs: Any, targets: Any) -> Any:
-    import torch
-
-    losses = torch.nn.functional.mse_loss(outputs, targets, reduction="none")
-    return losses.flatten(1).sum(1) if losses.dim() > 1 else losses
-
-
-CHECK_LOSSES = {"cross_entropy": _per_sample_cross_entropy, "mse": _per_sample_mse}
-"""``cockpit check --loss``: per-sample losses the ``torch.func`` provider may use."""
+CHECK_LOSSES = ("cross_entropy", "mse")
+"""``cockpit check --loss``: names of :data:`cockpit_core.check_sample.PER_SAMPLE_LOSSES`."""
 
 
 def _names(spec: str) -> list[str]:
@@ -257,9 +244,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from cockpit_core.check_sample import PER_SAMPLE_LOSSES
     from cockpit_core.cockpit import Cockpit
 
-    model = load_model_factory(args.model)()
+    model, sample = _model_and_sample(load_model_factory(args.model)(), args)
     options = {}
     if args.backend is not None:
         options["backend"] = args.backend if "," not in args.backend else _names(args.backend)
@@ -269,10 +257,62 @@ def _check(args: argparse.Namespace) -> int:
         spec = args.quantities
         quantities = spec if "," not in spec else _names(spec)
         cp = Cockpit(model.named_parameters(), quantities, **options)
-    cp.attach(model, CHECK_LOSSES[args.loss] if args.loss else None)
-    report = cp.check(model)
+    cp.attach(model, PER_SAMPLE_LOSSES[args.loss] if args.loss else None)
+    batch_loss = None if sample is None or callable(sample) else args.loss
+    report = cp.check(model, sample, loss=batch_loss)
     print(report)
     return 0 if report.ok else 1
+
+
+def _model_and_sample(made: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """The model and the sample of ``cockpit check``: from FUNCTION, or a random batch.
+
+    FUNCTION returns a model, ``(model, batch)`` or ``(model, sample)``; ``--input-shape``
+    or ``--vocab``/``--seq-len`` build a random batch of ``--batch`` samples instead.
+    """
+    import torch
+
+    from cockpit_core.errors import ConfigError
+
+    model, sample = made, None
+    if isinstance(made, (tuple, list)) and len(made) == 2:
+        model, sample = made
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            [
+                (
+                    "model",
+                    f"{args.model} must return a torch.nn.Module, (model, batch) or "
+                    f"(model, sample), got {type(made).__name__}",
+                )
+            ]
+        )
+    tokens = args.vocab is not None or args.seq_len is not None
+    if args.input_shape is not None or tokens:
+        if sample is not None:
+            args.usage_error(
+                f"{args.model} returns a batch already: drop --input-shape/--vocab/--seq-len"
+            )
+        if args.input_shape is not None and tokens:
+            args.usage_error("give either --input-shape or --vocab and --seq-len, not both")
+        if tokens and (args.vocab is None or args.seq_len is None):
+            args.usage_error("token ids need both --vocab V and --seq-len T")
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+        generator = torch.Generator().manual_seed(0)
+        if tokens:
+            shape = (args.batch, args.seq_len)
+            sample = torch.randint(args.vocab, shape, generator=generator).to(device)
+        else:
+            dtype = first.dtype if first is not None and first.is_floating_point() else None
+            sample = torch.randn((args.batch, *args.input_shape), generator=generator)
+            sample = sample.to(device=device, dtype=dtype)
+    if sample is not None and not callable(sample) and args.loss is None:
+        args.usage_error(
+            "a batch needs --loss (cross_entropy or mse) to compute its loss; or let "
+            f"{args.model} return (model, sample) with sample(model) returning the loss"
+        )
+    return model, sample
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

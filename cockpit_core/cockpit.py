@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import torch
 
 from cockpit_core.attention import MathAttentionHooks
+from cockpit_core.check_run import run_sample_step
+from cockpit_core.check_sample import Sample, sample_spec
 from cockpit_core.config import (
     CockpitSettings,
     QuantitySpec,
@@ -182,6 +185,11 @@ class Cockpit:
         if model is not None:
             router.attach(model)
         self._router = router
+        self._provider_settings: dict[str, Any] = {  # for the throwaway Cockpit of check
+            "backend": backend,
+            "chunk_size": chunk_size,
+            "provider_options": provider_options,
+        }
         warn_unprovided_kinds(self.quantities, router.providers.values())
         self._attention_hooks: MathAttentionHooks | None = None
         self._math_attention = False
@@ -198,6 +206,9 @@ class Cockpit:
             diagnoses=runner,
         )
         self._tracker.emit({"kind": "header", **self.header()})
+        if model is not None:  # attached as by attach(model): attention in the math kernel
+            self._math_attention = True
+            self._install_attention_hooks(model)
 
     # -- construction helpers -------------------------------------------------------------
 
@@ -275,7 +286,12 @@ class Cockpit:
 
         """
         return StepRun(
-            self._tracker, step, dict(info or {}), accumulate=accumulate, requests=requests
+            self._tracker,
+            step,
+            dict(info or {}),
+            accumulate=accumulate,
+            requests=requests,
+            attention=self._attention_hooks,
         )
 
     def retain_graph(self, step: int) -> bool:
@@ -349,10 +365,7 @@ class Cockpit:
         step = tracker.add(q)  # appends to self.quantities
         model = self._router.model
         if self._math_attention and self._attention_hooks is None and model is not None:
-            if tracker.uses_hvp(q):
-                self._attention_hooks = MathAttentionHooks(
-                    model, lambda: not tracker.all_hvp_disabled()
-                )
+            self._install_attention_hooks(model)
         tracker.emit({"kind": "quantity_added", "step": step, "quantity": quantity_entry(q)})
         return q
 
@@ -449,13 +462,40 @@ class Cockpit:
             self._attention_hooks.remove()
             self._attention_hooks = None
         self._math_attention = math_attention
-        if math_attention and any(tracker.uses_hvp(q) for q in self.quantities):
+        if math_attention:
+            self._install_attention_hooks(model)
+        return self
+
+    def _install_attention_hooks(self, model: torch.nn.Module) -> None:
+        """Run ``model``'s attention in the math kernel while a quantity needs HVPs.
+
+        The forward passes and, for ``torch.utils.checkpoint``'s recomputation, their
+        backward passes (:class:`~cockpit_core.attention.MathAttentionHooks`). Nothing is
+        installed if no tracked quantity needs Hessian-vector products.
+        """
+        tracker = self._tracker
+
+        def uses_hvp(q: Quantity) -> bool:
+            try:
+                return tracker.uses_hvp(q)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # plugin code: the planner reports it at the first step
+                return False
+
+        if any(uses_hvp(q) for q in self.quantities):
             self._attention_hooks = MathAttentionHooks(
                 model, lambda: not tracker.all_hvp_disabled()
             )
-        return self
 
-    def check(self, model: torch.nn.Module) -> CoverageReport:
+    def check(
+        self,
+        model: torch.nn.Module,
+        sample: Sample | None = None,
+        *,
+        loss: str | Callable[..., torch.Tensor] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> CoverageReport:
         """Report, per quantity, whether it can be computed for ``model``, how, and why not.
 
         ``print(cp.check(model))`` before training shows, per quantity, which providers
@@ -464,12 +504,77 @@ class Cockpit:
         model was attached, ``model`` is attached (:meth:`attach` without a loss).
         Per-sample quantities are unavailable while a tracked BatchNorm layer is in
         training mode (per-sample gradients are not defined there).
+
+        Without ``sample`` no forward pass runs: the report comes from what the providers
+        say of each module. With one, cockpit also runs one tracked step of this Cockpit's
+        quantities on a deep copy of ``model``, through a throwaway Cockpit with the same
+        providers and options and no log or sinks; the model, its gradients, ``optimizer``
+        and the random state are left as they were. The report then says what each
+        quantity did (a value, or its error) and, per parameter, which provider delivered
+        its statistics, or why none did and what to change; ``report.ok`` is ``False`` if
+        a quantity failed or a statistic is missing. See ``docs/any_model.md``.
+
+        Args:
+            model: The model (it must own every tracked parameter).
+            sample: ``sample(model) -> loss``: a callable that runs the model and returns
+                the mean loss, or the per-sample losses ``[B]`` (then quantities that need
+                ``info["individual_losses"]`` run too); or a batch ``(inputs, targets)``,
+                or ``inputs`` alone (random targets for a named loss), where ``inputs`` is
+                a tensor, a tuple (positional arguments) or a dict (keyword arguments).
+            loss: The loss of a batch: ``"cross_entropy"`` (class scores on the last
+                dimension of ``[B, C]`` or ``[B, T, C]``; per sample the mean over tokens),
+                ``"mse"``, the loss module of training (``nn.CrossEntropyLoss()`` or
+                ``nn.MSELoss()``, BackPACK-extended or not), or a callable ``loss(outputs,
+                targets)`` returning the per-sample losses ``[B]`` or their mean. Default:
+                the loss of :meth:`attach`.
+            optimizer: The training optimizer; a copy on the copied parameters serves
+                quantities that read ``info["optimizer"]`` (without it they do not run).
+
+        Raises:
+            MisuseError: Called inside a step, or a sample or loss that is not one of the
+                forms above.
+
         """
         router = self._router
+        spec = None
+        if sample is not None:
+            if self._tracker.in_step:
+                raise MisuseError(
+                    "cp.check(model, sample=...) called inside a `with cp(step, ...)` block: "
+                    "check the model before training or between steps."
+                )
+            spec = sample_spec(sample, loss, router.loss_fn)
         if router.model is not model:  # routing needs it; arm its providers too
             self.attach(model, router.loss_fn if router.model is None else None)
         report = check_model(self.quantities, model, router, self._math_attention)
-        return refuse_batch_norm(report, model, self.quantities, self.params)
+        report = refuse_batch_norm(report, model, self.quantities, self.params)
+        if spec is None:
+            return report
+        step, params = run_sample_step(
+            model,
+            spec,
+            self.param_names,
+            self.params,
+            self.quantities,
+            router,
+            self._probe,
+            optimizer,
+            self._math_attention,
+        )
+        return dataclasses.replace(report, sample=step, params=params or report.params)
+
+    def _probe(
+        self, params: list[tuple[str, torch.nn.Parameter]], quantities: list[Quantity]
+    ) -> Cockpit:
+        """A Cockpit like this one for ``params`` (copies), without log, sinks or diagnoses."""
+        return Cockpit(
+            params,
+            quantities,
+            on_error="warn",
+            registry=self.registry,
+            distributed="off",
+            **self._provider_settings,
+        )
 
     @property
     def errors(self) -> list[Record]:
@@ -517,6 +622,8 @@ class Cockpit:
 
     def close(self) -> None:
         """Flush and close the log and every sink that has a ``close()`` method."""
+        if self._attention_hooks is not None:  # a kernel a failed backward pass still holds
+            self._attention_hooks.release()
         self._tracker.close()
 
     @property

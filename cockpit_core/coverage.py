@@ -1,107 +1,30 @@
-"""Which quantities can be computed for a model, how, and why not: ``cp.check(model)``."""
+"""Which quantities can be computed for a model, how, and why not: ``cp.check(model)``.
+
+The verdicts come from the providers' ``supports()`` answers, without a forward pass
+(:class:`~cockpit_core.coverage_report.CoverageReport`). With a sample,
+``cp.check(model, sample=...)`` also runs one tracked step on a copy of the model
+(:mod:`cockpit_core.check_run`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
 from cockpit_core import loop_checks
+from cockpit_core.coverage_report import CoverageReport, CoverageRow, ParamRoute
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
 from cockpit_core.statistics.kinds import StatisticKind
-from cockpit_core.statistics.messages import name_list
 from cockpit_core.statistics.provider import StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
 
 
-@dataclass(frozen=True)
-class CoverageRow:
-    """One quantity's verdict.
-
-    Attributes:
-        quantity: Output key of the quantity.
-        available: Whether it can be computed for the model.
-        how: Which providers compute its statistics (e.g. ``"hooks; func for 'pos'"``).
-        why: Why it is unavailable, or a caveat; empty if there is nothing to say.
-        hint: What to do instead (another option, provider or quantity); may be empty.
-
-    """
-
-    quantity: str
-    available: bool
-    how: str
-    why: str = ""
-    hint: str = ""
-
-
-@dataclass(frozen=True)
-class ParamRoute:
-    """How a group of parameters gets the statistics the quantities request.
-
-    Attributes:
-        names: The parameters' names (they share their routes and reasons).
-        providers: For each requested kind, the provider serving it (``None``: none can).
-        reasons: ``(provider, reason)``: why each provider tried before the chosen one (of
-            those that compute the kind) cannot serve it.
-
-    """
-
-    names: tuple[str, ...]
-    providers: tuple[tuple[str, str | None], ...]
-    reasons: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def served(self) -> str:
-        """``"hooks"``, or ``"batch_l2, sum_grad_squared: hooks; diag_hessian: none"``."""
-        by_provider: dict[str | None, list[str]] = {}
-        for kind, provider in self.providers:
-            by_provider.setdefault(provider, []).append(kind)
-        if len(by_provider) == 1:
-            return next(iter(by_provider)) or "none"
-        return "; ".join(f"{', '.join(k)}: {p or 'none'}" for p, k in by_provider.items())
-
-
-@dataclass(frozen=True)
-class CoverageReport:
-    """The verdicts for all requested quantities, and the route of every parameter."""
-
-    rows: tuple[CoverageRow, ...]
-    params: tuple[ParamRoute, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Whether every quantity can be computed."""
-        return all(r.available for r in self.rows)
-
-    def __str__(self) -> str:
-        width = max([len(r.quantity) for r in self.rows] + [8])
-        lines = []
-        for r in self.rows:
-            state = "ok" if r.available else "UNAVAILABLE"
-            line = f"{r.quantity:<{width}}  {state:<11}  {r.how}"
-            for extra in (r.why, f"hint: {r.hint}" if r.hint else ""):
-                if extra:
-                    line += f"\n{'':<{width}}  {'':<11}  {extra}"
-            lines.append(line)
-        if self.params:
-            lines.append("")
-            lines.append(
-                "parameters: provider (and why the providers tried first cannot serve them)"
-            )
-            total = sum(len(p.names) for p in self.params)
-            for p in self.params:
-                lines.append(f"  {p.served}: {name_list(p.names, total, shown=6)}")
-                for provider, reason in p.reasons:
-                    lines.append(f"      not {provider}: {reason}")
-        return "\n".join(lines)
-
-
 def _summary(router: StatisticsRouter, kind: str) -> str:
-    """``"hooks; func for 'pos' (TinyTransformer)"``: the main provider, then the others."""
+    """``"hooks; func for 'embed' (Embedding)"``: the main provider, then the others."""
     routes = [
         (r.provider, slot)
         for r, slot in zip(router.routes(kind), router.slots)
@@ -175,15 +98,37 @@ def check_model(
 
 
 def _param_routes(router: StatisticsRouter, kinds: list) -> tuple[ParamRoute, ...]:
-    """Parameters grouped by their routes and the reasons of the providers tried first."""
-    groups: dict[tuple, list[str]] = {}
+    """Parameters grouped by their routes, how they are served and the reasons of the others."""
+    groups: dict[tuple, tuple[list[str], list[tuple[str, str, str]]]] = {}
     for i, slot in enumerate(router.slots):
         if not slot.param.requires_grad or not kinds:
             continue
         served = tuple((str(kind), router.routes(kind)[i].provider) for kind in kinds)
         reasons = tuple(dict.fromkeys(r for kind in kinds for r in router.reasons(kind, i)))
-        groups.setdefault((served, reasons), []).append(slot.name)
-    return tuple(ParamRoute(tuple(n), s, r) for (s, r), n in groups.items())
+        group = groups.setdefault((served, reasons), ([], []))
+        group[0].append(slot.name)
+        group[1].extend(described(router, i, [p for _, p in served]))
+    return tuple(ParamRoute(tuple(n), s, r, tuple(h)) for (s, r), (n, h) in groups.items())
+
+
+def described(
+    router: StatisticsRouter, index: int, providers: Iterable[str | None]
+) -> list[tuple[str, str, str]]:
+    """``(parameter, provider, line)`` for each of ``providers`` that says how it serves ``index``.
+
+    A provider's ``describe`` is plugin code: one that raises says nothing.
+    """
+    slot = router.slots[index]
+    out = []
+    for name in dict.fromkeys(p for p in providers if p is not None):
+        provider = router.providers.get(name)
+        try:
+            line = str(provider.describe(slot) or "").strip() if provider is not None else ""
+        except Exception:  # a broken describe() must not hide the report
+            line = ""
+        if line:
+            out.append((slot.name, name, line.splitlines()[0]))
+    return out
 
 
 def refuse_batch_norm(

@@ -11,6 +11,7 @@ import numpy as np
 
 from cockpit_core import loop_checks, mixed_precision
 from cockpit_core.accumulation import merge_info, merge_stats, micro_batch_size
+from cockpit_core.attention import MathAttentionHooks
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.hvp import HessianVectorProducts
 from cockpit_core.statistics.projection import resolve_projections
@@ -32,6 +33,13 @@ class StepRun:
 
     ``requests`` (``cp(step, *requests)``, e.g. BackPACK extensions) go to the providers
     that accept them, which run in the same ``backward`` even when no quantity is tracked.
+
+    ``attention``: the Cockpit's :class:`~cockpit_core.attention.MathAttentionHooks`, if
+    any. They hold the math kernel during each backward pass through a forward pass they
+    switched (``torch.utils.checkpoint`` recomputes attention there); a pass that raised
+    (the user's ``backward``, or ``torch.autograd.grad`` of the Hessian-vector products,
+    e.g. through a reentrant checkpoint) never ends that hold, so the block leaves such a
+    kernel when it ends.
     """
 
     def __init__(
@@ -41,8 +49,10 @@ class StepRun:
         info: dict[str, Any],
         accumulate: bool = False,
         requests: tuple[Any, ...] = (),
+        attention: MathAttentionHooks | None = None,
     ):
         self.tracker, self.step, self.info = tracker, step, info
+        self.attention = attention
         self.requests = tuple(requests)
         self.routed: dict[str, tuple[Any, ...]] = {}
         self.accumulate = accumulate  # several micro-batches: see cockpit_core.accumulation
@@ -227,6 +237,13 @@ class StepRun:
         merge_info(self.info, info)
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        try:
+            return self._exit(exc_type, exc, tb)
+        finally:
+            if self.attention is not None:  # held by a backward pass that raised
+                self.attention.release()
+
+    def _exit(self, exc_type, exc, tb) -> Literal[False]:
         tracker = self.tracker
         exit_started = tracker.cost.clock()
         tracker.end_step(completed=exc_type is None)

@@ -31,7 +31,8 @@ def test_backend_func_without_attach_says_to_call_attach():
 def test_func_path_without_inputs_says_which_info_is_missing():
     problem = tiny_transformer(extended=False)
     model = problem.make_model()
-    cp = Cockpit(model.named_parameters(), ["norm_test"]).attach(model, problem.individual_losses)
+    cp = Cockpit(model.named_parameters(), ["norm_test"], backend="func")
+    cp.attach(model, problem.individual_losses)
     with pytest.raises(MissingInfoError, match=r"info=\{'inputs': x, 'targets': y"):
         _step(cp, model, *problem.batch(0), info_keys=("loss", "batch_size"))
 
@@ -85,12 +86,12 @@ def test_check_reports_how_each_quantity_is_computed():
     quantities = ["norm_test", "hess_max_ev", "tic_diag", "hess_trace"]
     cp = Cockpit(model.named_parameters(), quantities)
     rows = {r.quantity: r for r in cp.check(model).rows}  # attaches the model, without a loss
-    assert not rows["norm_test"].available  # 'pos' needs torch.func, which needs the loss
-    assert "'pos' (hooks: no rule for TinyTransformer" in rows["norm_test"].why
-    assert "func: needs the model and a per-sample loss: call cp.attach(model, loss_fn)" in (
-        rows["norm_test"].why
-    )
+    assert rows["norm_test"].available  # module hooks serve every parameter, 'pos' included
+    assert rows["norm_test"].how == "hooks"
     assert rows["hess_max_ev"].why == ""  # attached: attention runs in the math kernel
+    if "autodiff" in cp.registry.providers:  # exact diagonals need the loss
+        assert not rows["tic_diag"].available
+        assert "autodiff: needs the model and a per-sample loss" in rows["tic_diag"].why
 
     cp.attach(model, problem.individual_losses, math_attention=False)
     rows = {r.quantity: r for r in cp.check(model).rows}
@@ -99,14 +100,16 @@ def test_check_reports_how_each_quantity_is_computed():
     cp.attach(model, problem.individual_losses)
     report = cp.check(model)
     rows = {r.quantity: r for r in report.rows}
-    assert rows["norm_test"].available
-    assert rows["norm_test"].how == "hooks; func for 'pos' (TinyTransformer)"
+    assert rows["norm_test"].available and rows["norm_test"].how == "hooks"
     assert rows["hess_max_ev"].available and rows["hess_max_ev"].why == ""
+    assert "hooks (captured where TinyTransformer.forward broadcasts it): parameter(s) 'pos'" in (
+        str(report)
+    )
     if "autodiff" in cp.registry.providers:  # cockpit-autodiff: exact diagonals of any model
         assert rows["hess_trace"].available and rows["hess_trace"].how == "autodiff"
         assert rows["tic_diag"].available
-        assert rows["tic_diag"].how == "hooks; func for 'pos' (TinyTransformer), autodiff"
-        assert "func; diag_hessian: autodiff: parameter(s) 'pos'" in str(report)
+        assert rows["tic_diag"].how == "hooks, autodiff"
+        assert "batch_l2, sum_grad_squared: hooks; diag_hessian: autodiff" in str(report)
         return
     for name in ("tic_diag", "hess_trace"):  # exact second-order diagonals: BackPACK only
         assert not rows[name].available
@@ -114,7 +117,6 @@ def test_check_reports_how_each_quantity_is_computed():
         assert "method='hutchinson'" in rows[name].hint
         assert "pip install" not in rows[name].why  # BackPACK is installed
     assert "hint: " in str(report)
-    assert "func; diag_hessian: none: parameter(s) 'pos'" in str(report)
 
 
 def test_func_failure_is_reported_and_training_goes_on():
