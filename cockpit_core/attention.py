@@ -64,6 +64,11 @@ class MathAttentionHooks:
     raised is left at the next forward pass (not run from inside a backward pass), by
     :meth:`release` or on :meth:`remove`.
 
+    Inside a region compiled by ``torch.compile`` the hooks do nothing: cockpit runs
+    compiled code eagerly while a step needs Hessian-vector products
+    (:mod:`cockpit_core.compiled`), so the compiled graph of the other steps keeps the
+    fused kernel and no hook of cockpit's.
+
     Args:
         model: The module whose forward passes are affected.
         active: Called before each forward pass; the math kernel is used only when it
@@ -81,6 +86,8 @@ class MathAttentionHooks:
         ]
 
     def _enter(self, module: torch.nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():  # traced by torch.compile: tracked steps run eager
+            return
         if not self._stack and not _in_backward():  # kernels of failed backward passes
             self.release()
         ctx = None
@@ -90,6 +97,8 @@ class MathAttentionHooks:
         self._stack.append(ctx)
 
     def _leave(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+        if torch.compiler.is_compiling():
+            return
         if self._stack:
             ctx = self._stack.pop()
             if ctx is not None:

@@ -13,6 +13,7 @@ import torch
 from cockpit_core.attention import MathAttentionHooks
 from cockpit_core.check_run import run_sample_step
 from cockpit_core.check_sample import Sample, sample_spec
+from cockpit_core.compiled import uncompiled
 from cockpit_core.config import (
     CockpitSettings,
     QuantitySpec,
@@ -142,6 +143,8 @@ class Cockpit:
             _source,
         )
         self.registry = registry if registry is not None else default_registry()
+        if isinstance(params, torch.nn.Module):  # torch.compile(model): the model's own names
+            params = uncompiled(params)
         model = params if isinstance(params, torch.nn.Module) else None
         self.params, self.param_names = split_params(params)
         self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
@@ -449,6 +452,7 @@ class Cockpit:
             raise MisuseError(
                 f"cp.attach(model, loss_fn) needs a torch.nn.Module, got {type(model).__name__}."
             )
+        model = uncompiled(model)
         if loss_fn is not None and not callable(loss_fn):
             raise MisuseError(
                 "cp.attach(model, loss_fn): loss_fn must be callable as loss_fn(outputs, "
@@ -536,6 +540,7 @@ class Cockpit:
 
         """
         router = self._router
+        model = uncompiled(model)
         spec = None
         if sample is not None:
             if self._tracker.in_step:

@@ -7,9 +7,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cockpit_core.compiled import EagerStance
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
-from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
+from cockpit_core.requirements import (
+    MergedRequirements,
+    Requirements,
+    Statistic,
+    merge_requirements,
+)
 from cockpit_core.statistics.router import StatisticsRouter
 
 
@@ -48,7 +54,9 @@ class Planner:
     observe the forward
     pass (module hooks, BackPACK) are armed only for forward passes whose backward is
     tracked: after every step the planner predicts the next one (the last step plus the
-    last stride between steps) and arms them only if that step needs them.
+    last stride between steps) and arms them only if that step needs them. While a
+    forward pass is to be observed or differentiated twice, code compiled with
+    ``torch.compile`` runs eagerly (:mod:`cockpit_core.compiled`).
 
     Schedules (``Quantity.is_active``) and ``requirements()`` are plugin code: one that
     raises is reported through :attr:`report` (the error policy) and the quantity does not
@@ -86,7 +94,8 @@ class Planner:
                 for s in r.statistics
             }.values()
         )
-        router.arm(self._everything)
+        self._stance = EagerStance()
+        self._arm(self._everything)
         self.report: Callable[[Quantity, int, str, BaseException], None] = _reraise
 
     # -- tasks ------------------------------------------------------------------------------
@@ -195,13 +204,26 @@ class Planner:
 
     # -- the forward pass -------------------------------------------------------------------
 
+    def _arm(self, statistics: Sequence[Statistic], loss_graph: bool | None = None) -> None:
+        """Arm the providers for ``statistics``; compiled code runs eagerly if they observe.
+
+        ``loss_graph``: whether the step needs Hessian-vector products (``None``: whether
+        any quantity may).
+        """
+        observing = self.router.arm(statistics)
+        if loss_graph is None:
+            loss_graph = any(
+                r.loss_graph for q in self.quantities for r in q.all_requirements()
+            )
+        self._stance.set(observing or loss_graph)
+
     def prepare(self, step: int) -> None:
         """Arm the providers the forward pass of ``step`` needs, disarm the others."""
-        self.router.arm(
-            self._everything
-            if not self._follow_schedule
-            else self.plan(step, predict=True)[1].statistics
-        )
+        if not self._follow_schedule:
+            self._arm(self._everything)
+            return
+        merged = self.plan(step, predict=True)[1]
+        self._arm(merged.statistics, merged.loss_graph)
 
     def after_step(self, step: int) -> None:
         """The step's quantities ran: arm the providers for the predicted next step."""
@@ -231,7 +253,7 @@ class Planner:
         self._everything = tuple(stats.values())
         self._planned = None
         if self._last is None or not self._follow_schedule:
-            self.router.arm(self._everything)
+            self._arm(self._everything)
         else:
             self.prepare(self._last + self._stride)
 
@@ -248,7 +270,7 @@ class Planner:
         late = self.router.unobserved(merged.statistics)
         if not late:
             return None
-        self.router.arm(merged.statistics)
+        self._arm(merged.statistics, merged.loss_graph)
         if accumulate:  # the micro-batches' forward passes come inside the block
             return None
         if expected:
@@ -257,7 +279,7 @@ class Planner:
                 "gradients, so the statistics providers did not observe it for them"
             )
         self._follow_schedule = False
-        self.router.arm(self._everything)
+        self._arm(self._everything)
         predicted = None if self._last is None else self._last + self._stride
         names = ", ".join(f"'{n}'" for n in late)
         message = (
@@ -271,7 +293,8 @@ class Planner:
         return message
 
     def close(self) -> None:
-        """Disarm and close every provider."""
+        """Disarm and close every provider; compiled code runs as before."""
+        self._stance.set(False)
         self.router.close()
 
 

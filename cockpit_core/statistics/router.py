@@ -234,14 +234,21 @@ class StatisticsRouter:
             if provider.observes_forward
         }
 
-    def arm(self, statistics: Sequence[Statistic]) -> None:
+    def arm(self, statistics: Sequence[Statistic]) -> bool:
         """Arm the observing providers for a forward pass of a step with ``statistics``.
 
         A provider that raises (even ``SystemExit``) is reported and left as it is: the
         statistics it then misses are reported at the step, training goes on.
+
+        Returns:
+            Whether some provider will observe the forward pass.
+
         """
+        observing = False
         for name, indices in self.observers(statistics).items():
             _contained(name, "arm", self.providers[name].arm, indices)
+            observing = observing or bool(indices)
+        return observing
 
     def unobserved(self, statistics: Sequence[Statistic]) -> list[str]:
         """Observing providers that needed the last forward pass but were not armed for it."""
