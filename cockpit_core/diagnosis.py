@@ -30,6 +30,12 @@ RECORD_KINDS: tuple[str, ...] = ("skipped", "cost")
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
+DIRECTIONS: tuple[str, ...] = ("up", "down")
+"""Directions of advice on a knob (:attr:`Finding.advice`)."""
+
+KNOBS: tuple[str, ...] = ("learning_rate", "batch_size")
+"""The knobs the first-party diagnoses advise on; any snake_case name is a knob."""
+
 
 def severity_rank(severity: str) -> int:
     """Position of ``severity`` in :data:`SEVERITIES` (``info`` 0, ``warning`` 1, ``error`` 2)."""
@@ -51,6 +57,11 @@ class Finding:
         evidence: The values and thresholds that show it (JSON-compatible).
         suggestion: What to try.
         source: The paper or rule the diagnosis follows.
+        advice: The direction the suggestion turns each knob it names, e.g.
+            ``{"learning_rate": "down"}`` (knobs: snake_case names such as those of
+            :data:`KNOBS`; directions: :data:`DIRECTIONS`). Optional: a finding without it
+            advises no knob. ``cockpit diagnose`` resolves opposite advice of one run's
+            findings with the :class:`Precedence` rules of the installed diagnoses.
 
     """
 
@@ -63,22 +74,52 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     suggestion: str = ""
     source: str = ""
+    advice: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(
                 f"finding {self.id!r}: severity {self.severity!r} is not one of {SEVERITIES}."
             )
+        if not _valid_advice(self.advice):
+            raise ValueError(
+                f"finding {self.id!r}: advice {self.advice!r} must map snake_case knob names "
+                f"to one of {DIRECTIONS}, e.g. {{'learning_rate': 'down'}}."
+            )
 
     def to_record(self) -> dict[str, Any]:
-        """The ``finding`` log record (``{"kind": "finding", ...}``, see docs/log_format.md)."""
-        return {"kind": "finding", **asdict(self)}
+        """The ``finding`` log record (``{"kind": "finding", ...}``, see docs/log_format.md).
+
+        ``advice`` is left out when empty, so that a finding without advice has the record
+        it had before the field existed.
+        """
+        record = {"kind": "finding", **asdict(self)}
+        if not self.advice:
+            del record["advice"]
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Finding:
-        """The finding of a ``finding`` record (the inverse of :meth:`to_record`)."""
+        """The finding of a ``finding`` record (the inverse of :meth:`to_record`).
+
+        Unknown fields are ignored, and so is an ``advice`` that is not valid (a record
+        written by another tool): the finding then advises no knob.
+        """
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in record.items() if k in names})
+        fields = {k: v for k, v in record.items() if k in names}
+        if not _valid_advice(fields.get("advice", {})):
+            del fields["advice"]
+        return cls(**fields)
+
+    @property
+    def case(self) -> str:
+        """What was found, without the step: ``"step_size/overshoot"`` of its id.
+
+        The id ``"step_size/overshoot@12"`` gives ``"step_size/overshoot"``; an id of
+        another form gives the diagnosis name.
+        """
+        head, at, _ = self.id.rpartition("@")
+        return head if at and head.split("/")[0] == self.diagnosis else self.diagnosis
 
     @property
     def steps(self) -> str:
@@ -90,6 +131,54 @@ class Finding:
     def line(self) -> str:
         """``severity [first-last] message`` for a terminal report."""
         return f"{self.severity.upper():7} {self.diagnosis}: {self.message} ({self.steps})"
+
+
+def _valid_advice(advice: Any) -> bool:
+    """Whether ``advice`` maps snake_case knob names to a direction of :data:`DIRECTIONS`."""
+    return isinstance(advice, Mapping) and all(
+        isinstance(k, str) and NAME_PATTERN.match(k) and v in DIRECTIONS for k, v in advice.items()
+    )
+
+
+@dataclass(frozen=True)
+class Precedence:
+    """A rule of evidence: whose advice wins when two findings turn a knob opposite ways.
+
+    When two findings of one run whose stretches overlap advise opposite directions on
+    ``knob`` (:attr:`Finding.advice`), and one matches ``wins`` and the other ``over``,
+    the report keeps the first and lists the second under it as overruled, with
+    ``because``. A pattern is a diagnosis name (``"stability"``: all its findings) or a
+    case (``"step_size/overshoot"``, :attr:`Finding.case`). Diagnoses declare the rules in
+    which they win in :attr:`Diagnosis.precedence`; opposite advice that no rule (or a
+    rule each way) decides is reported as a conflict naming both.
+
+    Attributes:
+        knob: The knob, e.g. ``"learning_rate"``.
+        wins: Patterns of the findings whose advice wins.
+        over: Patterns of the findings whose opposite advice yields.
+        because: Why, one clause for the report (``"... : a plateau is not a reason to
+            raise the learning rate"``).
+
+    """
+
+    knob: str
+    wins: tuple[str, ...]
+    over: tuple[str, ...]
+    because: str
+
+    def __post_init__(self) -> None:
+        for name in ("wins", "over"):  # one name given as a string, or a list: a tuple
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
+
+    def decides(self, winner: Finding, loser: Finding, knob: str) -> bool:
+        """Whether this rule makes ``winner``'s advice on ``knob`` outrank ``loser``'s."""
+        return knob == self.knob and _matches(winner, self.wins) and _matches(loser, self.over)
+
+
+def _matches(finding: Finding, patterns: Sequence[str]) -> bool:
+    """Whether ``finding``'s diagnosis or case is one of ``patterns``."""
+    return finding.diagnosis in patterns or finding.case in patterns
 
 
 class DiagnosisConfig(BaseModel):
@@ -221,8 +310,11 @@ class Diagnosis:
     when the log has at least one of them), optionally ``reads_records`` (kinds of log
     records other than values it reads, e.g. ``("cost",)``: it also runs when the window
     holds such records, see :meth:`Window.records`), ``source`` (paper or rule), optionally
-    ``Config`` (a :class:`DiagnosisConfig` subclass with the thresholds), and write
-    :meth:`check`. Options are validated on construction: ``StepSize(overshoot=2.0)``.
+    ``Config`` (a :class:`DiagnosisConfig` subclass with the thresholds), optionally
+    ``precedence`` (the :class:`Precedence` rules in which its findings' advice wins over
+    another finding's opposite advice), and write :meth:`check`; a finding that suggests
+    turning a knob declares it (``self.finding(..., advice={"learning_rate": "down"})``).
+    Options are validated on construction: ``StepSize(overshoot=2.0)``.
 
     Attributes:
         config: The validated options.
@@ -234,6 +326,7 @@ class Diagnosis:
     reads_records: ClassVar[tuple[str, ...]] = ()
     source: ClassVar[str] = ""
     Config: ClassVar[type[DiagnosisConfig]] = DiagnosisConfig
+    precedence: ClassVar[tuple[Precedence, ...]] = ()
 
     def __init__(self, **options: Any):
         self.config = self.Config(**options)
@@ -257,8 +350,13 @@ class Diagnosis:
         message: str,
         evidence: Mapping[str, Any],
         suggestion: str = "",
+        advice: Mapping[str, str] | None = None,
     ) -> Finding:
-        """A :class:`Finding` of this diagnosis, with id ``"<name>/<what>@<first_step>"``."""
+        """A :class:`Finding` of this diagnosis, with id ``"<name>/<what>@<first_step>"``.
+
+        ``advice`` declares the knobs ``suggestion`` turns and which way (``{"learning_rate":
+        "down"}``), see :attr:`Finding.advice`.
+        """
         suffix = f"/{what}" if what else ""
         return Finding(
             id=f"{self.name}{suffix}@{int(first_step)}",
@@ -270,6 +368,7 @@ class Diagnosis:
             evidence={k: _plain(v) for k, v in evidence.items()},
             suggestion=suggestion,
             source=self.source,
+            advice=dict(advice or {}),
         )
 
 
@@ -309,6 +408,12 @@ def check_diagnosis_class(cls: Any) -> None:
     if not (isinstance(cls.Config, type) and issubclass(cls.Config, DiagnosisConfig)):
         raise TypeError(
             f"{cls.__name__}.Config must subclass cockpit_core.diagnosis.DiagnosisConfig."
+        )
+    rules = cls.precedence
+    if not isinstance(rules, tuple) or not all(isinstance(r, Precedence) for r in rules):
+        raise TypeError(
+            f"{cls.__name__}.precedence = {rules!r}: give a tuple of "
+            "cockpit_core.diagnosis.Precedence rules (or leave it empty)."
         )
     if cls.check is Diagnosis.check:
         raise TypeError(f"{cls.__name__} must implement check(window).")

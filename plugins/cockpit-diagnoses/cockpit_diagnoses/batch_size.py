@@ -8,7 +8,8 @@ import numpy as np
 from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, persistent_spans
-from cockpit_diagnoses._common import PersistenceConfig, fmt
+from cockpit_diagnoses._common import PersistenceConfig, fmt, relation
+from cockpit_diagnoses.precedence import GROW_BATCH, won_by
 
 TESTS = {
     "norm_test": ("theta", "Byrd, Chin, Nocedal & Wu (2012), norm test, Eq. (3.9)"),
@@ -52,6 +53,7 @@ class BatchSize(Diagnosis):
     reads = tuple(TESTS)
     source = "Byrd et al. (2012); Bollapragada et al. (2018): adaptive sampling tests"
     Config = BatchSizeConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return, per gradient test, the stretches where it fails."""
@@ -83,15 +85,27 @@ class BatchSize(Diagnosis):
                         "warning",
                         first,
                         last,
-                        f"the {test.replace('_', ' ')} fails at {count} tracked steps (median "
-                        f"{symbol}_max {fmt(median)} > {symbol} = {fmt(limit)}): the "
-                        "mini-batch gradient is too noisy",
+                        failing_message(test, symbol, count, median, limit),
                         evidence,
                         f"Grow the batch about {fmt(math.ceil(factor * 10) / 10)}x (B "
                         f"({symbol}_max/{symbol})^2, {paper}), or lower the learning rate.",
+                        GROW_BATCH,
                     )
                 )
         return found
+
+
+def failing_message(test: str, symbol: str, count: int, median: float, limit: float) -> str:
+    """``the norm test fails at 9 tracked steps (median theta_max 1.2 > theta = 0.8): ...``.
+
+    The comparison follows the numbers: a stretch's median may lie below the threshold when
+    ``fraction`` is below one half.
+    """
+    return (
+        f"the {test.replace('_', ' ')} fails at {count} tracked steps (median {symbol}_max "
+        f"{fmt(median)} {relation(median, limit)} {symbol} = {fmt(limit)}): the mini-batch "
+        "gradient is too noisy"
+    )
 
 
 def _median_in(window: Window, key: str, first: int, last: int) -> float:

@@ -7,6 +7,7 @@ from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, persistent_spans
 from cockpit_diagnoses._common import PersistenceConfig, fmt
+from cockpit_diagnoses.precedence import GROW_BATCH, won_by
 
 
 class CABSBatchConfig(PersistenceConfig):
@@ -42,6 +43,7 @@ class CABSBatch(Diagnosis):
     reads = ("cabs",)
     source = "Balles, Romero & Hennig (2017), CABS, UAI, Eq. (22)"
     Config = CABSBatchConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches where the suggestion exceeds ``factor`` x the batch size."""
@@ -75,6 +77,7 @@ class CABSBatch(Diagnosis):
                     },
                     f"Grow the batch towards {fmt(median)} (CABS keeps lr x noise / loss "
                     "constant), or lower the learning rate.",
+                    GROW_BATCH,
                 )
             )
         return found

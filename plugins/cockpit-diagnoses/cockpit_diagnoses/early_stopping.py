@@ -7,6 +7,7 @@ from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig, Finding, Window
 from cockpit_diagnoses._common import fmt
+from cockpit_diagnoses.precedence import LOWER_LR, won_by
 
 
 class EarlyStoppingConfig(DiagnosisConfig):
@@ -32,6 +33,7 @@ class EarlyStopping(Diagnosis):
     reads = ("early_stopping",)
     source = "Mahsereci et al. (2017), Early stopping without a validation set, Eq. (7)"
     Config = EarlyStoppingConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches whose windowed mean criterion is positive."""
@@ -62,6 +64,7 @@ class EarlyStopping(Diagnosis):
                 {"largest_mean_criterion": float(peak), "level": cfg.level, "window": w},
                 "Training could stop here; check a validation loss, or decay the learning "
                 "rate to go on.",
+                LOWER_LR,
             )
             for first, last, _, peak in stretches
         ]

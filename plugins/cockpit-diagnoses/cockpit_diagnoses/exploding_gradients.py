@@ -6,7 +6,8 @@ import numpy as np
 from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig, Finding, Window, persistent_spans
-from cockpit_diagnoses._common import fmt
+from cockpit_diagnoses._common import change_factor, fmt
+from cockpit_diagnoses.precedence import LOWER_LR, won_by
 
 
 class ExplodingGradientsConfig(DiagnosisConfig):
@@ -33,6 +34,7 @@ class ExplodingGradients(Diagnosis):
     reads = ("grad_norm",)
     source = "rule: ||grad|| >= growth x its minimum over the last window of tracked steps"
     Config = ExplodingGradientsConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches of exploding gradient norms."""
@@ -54,8 +56,7 @@ class ExplodingGradients(Diagnosis):
                     "warning",
                     first,
                     last,
-                    f"the gradient norm grew {fmt(ratio[i])}x within {cfg.window} tracked "
-                    f"steps (from {fmt(before)} to {fmt(total[i])})",
+                    growth_message(before, float(total[i]), cfg.window),
                     {
                         "grad_norm": float(total[i]),
                         "min_before": before,
@@ -66,9 +67,22 @@ class ExplodingGradients(Diagnosis):
                     },
                     "Lower the learning rate, clip gradients, or check the initialization and "
                     "normalization of the layers listed.",
+                    LOWER_LR,
                 )
             )
         return found
+
+
+def growth_message(before: float, after: float, window: int) -> str:
+    """``the gradient norm grew 120x within 10 tracked steps (from 0.1 to 12)``.
+
+    The verb follows the direction (``fell to 0.01x`` if the norm shrank).
+    """
+    change = change_factor(before, after, up="grew")
+    return (
+        f"the gradient norm {change} within {window} tracked steps (from {fmt(before)} to "
+        f"{fmt(after)})"
+    )
 
 
 def _growth(norms: np.ndarray, window: int) -> np.ndarray:

@@ -6,8 +6,9 @@ import numpy as np
 from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, persistent_spans
-from cockpit_diagnoses._common import fmt
+from cockpit_diagnoses._common import change_factor, fmt
 from cockpit_diagnoses._relative import RelativeDropConfig, reference_value
+from cockpit_diagnoses.precedence import GROW_BATCH, won_by
 
 
 class GSNRCollapseConfig(RelativeDropConfig):
@@ -35,6 +36,7 @@ class GSNRCollapse(Diagnosis):
     reads = ("mean_gsnr",)
     source = "Liu et al. (2020), GSNR, ICLR; rule: mean GSNR < ratio x its early median"
     Config = GSNRCollapseConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches of collapsed mean GSNR."""
@@ -55,8 +57,7 @@ class GSNRCollapse(Diagnosis):
                     "info",
                     first,
                     last,
-                    f"the mean GSNR fell to {fmt(median / ref)}x its early value "
-                    f"({fmt(median)} from {fmt(ref)}): the mini-batch gradient is mostly noise",
+                    gsnr_message(ref, median),
                     {
                         "reference": ref,
                         "median_gsnr": median,
@@ -66,6 +67,18 @@ class GSNRCollapse(Diagnosis):
                     },
                     "If the loss is still high, grow the batch or lower the learning rate; "
                     "near a minimum this is expected (see early_stopping).",
+                    GROW_BATCH,
                 )
             )
         return found
+
+
+def gsnr_message(reference: float, median: float) -> str:
+    """``the mean GSNR fell to 0.05x its early value (0.01 from 0.2): ...``.
+
+    The verb follows the direction of the change (``rose to 2x`` if it grew).
+    """
+    return (
+        f"the mean GSNR {change_factor(reference, median)} its early value "
+        f"({fmt(median)} from {fmt(reference)}): the mini-batch gradient is mostly noise"
+    )

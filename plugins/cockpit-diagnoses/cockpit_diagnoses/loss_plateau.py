@@ -6,7 +6,8 @@ import numpy as np
 from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig, Finding, Window
-from cockpit_diagnoses._common import fmt
+from cockpit_diagnoses._common import change_by, fmt
+from cockpit_diagnoses.precedence import RAISE_LR
 
 
 class LossPlateauConfig(DiagnosisConfig):
@@ -54,26 +55,45 @@ class LossPlateau(Diagnosis):
                 stretches.append(
                     [int(steps[i]), int(steps[i + w - 1]), i + w - 1, start[i], end[i], drop[i]]
                 )
-        return [
-            self.finding(
-                "",
-                "info",
-                first,
-                last,
-                f"the loss fell by only {fmt(100 * drop)} % over {w} tracked steps "
-                f"(trend {fmt(start)} -> {fmt(end)})",
-                {
-                    "trend_start": start,
-                    "trend_end": end,
-                    "relative_decrease": drop,
-                    "min_decrease": cfg.min_decrease,
-                    "window": w,
-                },
-                "If the loss is still high, raise the learning rate or change the schedule; "
-                "if it is low, training may have converged (see early_stopping).",
+        found = []
+        for first, last, _, start, end, drop in stretches:
+            message, suggestion, advice = plateau_wording(float(start), float(end), w)
+            evidence = {
+                "trend_start": start,
+                "trend_end": end,
+                "relative_decrease": drop,
+                "min_decrease": cfg.min_decrease,
+                "window": w,
+            }
+            found.append(
+                self.finding("", "info", first, last, message, evidence, suggestion, advice)
             )
-            for first, last, _, start, end, drop in stretches
-        ]
+        return found
+
+
+def plateau_wording(start: float, end: float, window: int) -> tuple[str, str, dict[str, str]]:
+    """Message, suggestion and advice of a flat stretch whose trend goes from start to end.
+
+    The verb follows the sign: ``the loss fell by only 3.7 %`` (advice: raise the learning
+    rate, if the loss is still high), ``the loss rose by 0.56 %`` (no advice to raise it: a
+    rising loss is a sign of too large a step, not of too small a one).
+    """
+    change = change_by(start, end)
+    if end < start:
+        change = change.replace("fell by", "fell by only")
+    message = f"the loss {change} over {window} tracked steps (trend {fmt(start)} -> {fmt(end)})"
+    if end < start:
+        suggestion = (
+            "If the loss is still high, raise the learning rate or change the schedule; "
+            "if it is low, training may have converged (see early_stopping)."
+        )
+        return message, suggestion, RAISE_LR
+    suggestion = (
+        "The loss does not fall: do not raise the learning rate on this evidence; look for "
+        "a too-large step (step_size, stability, exploding_gradients), a schedule that "
+        "raised the learning rate, or layers that stopped learning (dead_layers)."
+    )
+    return message, suggestion, {}
 
 
 def trend_ends(x: np.ndarray, y: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig, Finding, Window
+from cockpit_diagnoses.precedence import LOWER_LR, won_by
 
 _NAMED = re.compile(r"'([^']+)'")
 
@@ -23,6 +24,7 @@ class NonFinite(Diagnosis):
     reads = ()
     source = "rule: cockpit's check of the loss and gradients (skipped records)"
     Config = DiagnosisConfig
+    precedence = won_by(name)
 
     def applies(self, window: Window) -> bool:
         """Only skipped records are read."""
@@ -60,5 +62,6 @@ class NonFinite(Diagnosis):
                 "Lower the learning rate, add gradient clipping, or look for log(0), "
                 "division by zero or bad inputs at that step; with mixed precision, check "
                 "the loss scale.",
+                LOWER_LR,
             )
         ]

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, persistent_spans
 from cockpit_diagnoses._common import PersistenceConfig, fmt
+from cockpit_diagnoses.precedence import LOWER_LR, won_by
 
 
 class StabilityConfig(PersistenceConfig):
@@ -45,6 +46,7 @@ class Stability(Diagnosis):
     reads = ("hess_max_ev", "optimizer_hparams")
     source = "Cohen et al. (2021), Edge of Stability, ICLR: lambda_max < (2 + 2 beta) / lr"
     Config = StabilityConfig
+    precedence = won_by(name)
 
     def applies(self, window: Window) -> bool:
         """Both the eigenvalue and the optimizer's hyperparameters are needed."""
@@ -74,9 +76,7 @@ class Stability(Diagnosis):
                     "warning",
                     first,
                     last,
-                    f"lambda_max {fmt(peak)} is above the stability threshold {fmt(limit)} "
-                    f"({formula}) at {count} tracked steps: the learning rate is "
-                    "too high for this curvature",
+                    stability_message(peak, limit, formula, count),
                     {
                         "lambda_max": peak,
                         "median_lambda_max": float(np.median(lam[inside])),
@@ -90,9 +90,29 @@ class Stability(Diagnosis):
                     "(threshold x lr / lambda_max), or warm it up."
                     if math.isfinite(lr)
                     else "Lower the learning rate.",
+                    LOWER_LR,
                 )
             )
         return found
+
+
+def stability_message(peak: float, limit: float, formula: str, count: int) -> str:
+    """``lambda_max 5 is above the stability threshold 0.2 (2/lr) at 30 tracked steps: ...``.
+
+    With ``margin`` below 1 the rule also reports a peak below the threshold: the message
+    then says so ("below ..., at 95 % of it": at the edge of stability), never "above".
+    """
+    if peak > limit:
+        where, verdict = "above", "the learning rate is too high for this curvature"
+    elif peak == limit:
+        where, verdict = "at", "the learning rate is at the edge of stability for this curvature"
+    else:
+        where = f"below, at {100 * peak / limit:.0f} % of,"
+        verdict = "the learning rate is close to the edge of stability for this curvature"
+    return (
+        f"lambda_max {fmt(peak)} is {where} the stability threshold {fmt(limit)} ({formula}) "
+        f"at {count} tracked steps: {verdict}"
+    )
 
 
 def _plain_formula(tex: str) -> str:

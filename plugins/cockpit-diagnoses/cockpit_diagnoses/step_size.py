@@ -7,6 +7,7 @@ from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, persistent_spans
 from cockpit_diagnoses._common import PersistenceConfig, fmt
+from cockpit_diagnoses.precedence import LOWER_LR, RAISE_LR, won_by
 
 
 class StepSizeConfig(PersistenceConfig):
@@ -38,6 +39,7 @@ class StepSize(Diagnosis):
     reads = ("alpha",)
     source = "Schneider, Dangel & Hennig (2021), Cockpit, NeurIPS: the alpha instrument"
     Config = StepSizeConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return the overshooting and undershooting stretches of alpha."""
@@ -59,12 +61,14 @@ class StepSize(Diagnosis):
                         f"{fmt(threshold)} at {count} tracked steps (median {fmt(median)})"
                     )
                     suggestion = "Lower the learning rate (e.g. by 2-10x) or add a decay."
+                    advice = LOWER_LR
                 else:
                     message = (
                         f"steps are too small: alpha {side} {fmt(threshold)} at {count} "
                         f"tracked steps (median {fmt(median)}; -1 means no progress)"
                     )
                     suggestion = "Raise the learning rate (e.g. by 2-10x)."
+                    advice = RAISE_LR
                 found.append(
                     self.finding(
                         what,
@@ -81,6 +85,7 @@ class StepSize(Diagnosis):
                             "fraction": cfg.fraction,
                         },
                         suggestion,
+                        advice,
                     )
                 )
         return found

@@ -6,8 +6,9 @@ import numpy as np
 from pydantic import Field
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, persistent_spans
-from cockpit_diagnoses._common import fmt
+from cockpit_diagnoses._common import change_factor, fmt
 from cockpit_diagnoses._relative import RelativeDropConfig, reference_value
+from cockpit_diagnoses.precedence import LOWER_LR, won_by
 
 
 class VanishingGradientsConfig(RelativeDropConfig):
@@ -40,6 +41,7 @@ class VanishingGradients(Diagnosis):
     reads = ("grad_norm",)
     source = "Glorot & Bengio (2010); rule: ||grad_p|| < ratio x its early median"
     Config = VanishingGradientsConfig
+    precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:
         """Return one finding per first step at which parameters' gradients vanished."""
@@ -75,14 +77,28 @@ class VanishingGradients(Diagnosis):
                     "warning",
                     first,
                     entry["last"],
-                    f"the gradient of {len(params)} parameter(s) fell below {fmt(cfg.ratio)}x "
-                    f"its early value (down to {fmt(worst['median'] / worst['reference'])}x): "
-                    + ", ".join(list(params)[:5])
-                    + (" ..." if len(params) > 5 else ""),
+                    vanishing_message(
+                        list(params), cfg.ratio, worst["median"] / worst["reference"]
+                    ),
                     {"parameters": params, "ratio": cfg.ratio, "reference_steps": cfg.reference},
                     "Look for saturated activations or dying ReLUs in these layers: lower the "
                     "learning rate, normalize the inputs or activations, or change the "
                     "initialization.",
+                    LOWER_LR,
                 )
             )
         return found
+
+
+def vanishing_message(names: list[str], ratio: float, lowest: float) -> str:
+    """``the gradient of 2 parameter(s) fell below 0.001x its early value (...): a, b``.
+
+    ``lowest`` is the smallest median of the stretch over its reference; its verb follows
+    its direction (``the furthest fell to 0.0002x``).
+    """
+    return (
+        f"the gradient of {len(names)} parameter(s) fell below {fmt(ratio)}x its early value "
+        f"(the furthest {change_factor(1.0, lowest)}): "
+        + ", ".join(names[:5])
+        + (" ..." if len(names) > 5 else "")
+    )
