@@ -302,6 +302,13 @@ examples:
         help="legend labels of compared runs, one per log (default: each run's learning "
         "rate, else its path)",
     )
+    p.add_argument(
+        "--diagnose",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="show what the installed diagnoses find in the log (default); with "
+        "--no-diagnose only the findings recorded while training",
+    )
     p.set_defaults(func=commands.cmd_plot)
 
     p = sub.add_parser(
@@ -326,9 +333,10 @@ examples:
     p.add_argument("--title", default=None, help="page title (default: the runs' names)")
     p.add_argument(
         "--diagnose",
-        action="store_true",
-        help="run the installed diagnoses over each log whenever it grew (default: show the "
-        "findings recorded while training)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the installed diagnoses over each log whenever it grew (default); with "
+        "--no-diagnose only the findings recorded while training are shown",
     )
     p.set_defaults(func=commands.cmd_serve)
 

@@ -328,7 +328,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if labels is not None and len(labels) != len(logs):
         args.usage_error(f"argument --labels: got {len(labels)} labels for {len(logs)} logs")
     if out.suffix == ".html":
-        return _plot_html(logs, out, args.title, labels)
+        return _plot_html(logs, out, args.title, labels, args.diagnose)
     try:
         path = plot(
             logs[0] if len(logs) == 1 else logs,
@@ -337,6 +337,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             rows=args.rows,
             dpi=args.dpi,
             labels=labels,
+            diagnose=args.diagnose,
         )
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -354,11 +355,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     )
 
 
-def _plot_html(logs: list[str], out: Any, title: str | None, labels: list[str] | None) -> int:
+def _plot_html(
+    logs: list[str], out: Any, title: str | None, labels: list[str] | None, diagnose: bool
+) -> int:
     """``cockpit plot ... -o dash.html``: the web view as one self-contained file."""
     from cockpit_core.web import write_page
 
-    path = write_page(logs, out, title=title, labels=labels)
+    path = write_page(logs, out, title=title, labels=labels, diagnose=diagnose)
     print(f"Web view written to {path}")
     return 0
 

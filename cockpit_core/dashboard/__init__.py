@@ -24,6 +24,7 @@ from cockpit_core.dashboard.data import (
     per_param_series,
     scalar,
     series,
+    smooth,
     values,
 )
 from cockpit_core.dashboard.live import LivePlot
@@ -46,6 +47,7 @@ __all__ = [
     "render",
     "scalar",
     "series",
+    "smooth",
     "style",
     "values",
 ]

@@ -100,12 +100,82 @@ def param_names(header: Mapping[str, Any], count: int | None = None) -> list[str
     return names
 
 
-def ema(values: np.ndarray, weight: float = 0.2) -> np.ndarray:
-    """Exponential moving average ``m_t = (1 - weight) m_{t-1} + weight x_t`` (NaN skipped)."""
+def ema(values: np.ndarray, weight: float = 0.2, *, log: bool = False) -> np.ndarray:
+    """Exponential moving average ``m_t = (1 - weight) m_{t-1} + weight x_t`` over the points.
+
+    Causal: each point averages the points before it, so it lags a change by about
+    ``(1 - weight) / weight`` points. For a panel, :func:`smooth` (centred, no lag) is the
+    better moving average.
+
+    Args:
+        values: The series' values, one per tracked point (NaN and inf are skipped: the
+            average carries on over them).
+        weight: Weight of the newest point.
+        log: Average in log scale (``exp`` of the average of ``log x``), for a panel with a
+            logarithmic y axis; values ``<= 0`` are skipped.
+
+    """
     out = np.empty(len(values))
     m = np.nan
     for i, x in enumerate(np.asarray(values, dtype=float)):
+        if log:
+            x = np.log(x) if x > 0 else np.nan
         if np.isfinite(x):
             m = x if np.isnan(m) else (1 - weight) * m + weight * x
         out[i] = m
-    return out
+    return np.exp(out) if log else out
+
+
+SMOOTH_SHARE = 0.05
+"""Share of a series' points that :func:`smooth`'s default window spans."""
+
+
+def smooth_window(count: int) -> int:
+    """The default window of :func:`smooth` for ``count`` points: odd, about 5% of them.
+
+    ``1`` (no averaging) below 30 points; 3 for 30-49 points, 15 for 300, 101 for 2,000.
+    """
+    return max(1, round(count * SMOOTH_SHARE)) // 2 * 2 + 1
+
+
+def smooth(values: np.ndarray, window: int | None = None, *, log: bool = False) -> np.ndarray:
+    """Centred moving average of a series over its points, in the panel's scale.
+
+    Each point becomes the mean of the ``window`` points around it (fewer at the ends),
+    counted in tracked points, not in steps: a quantity tracked every 10th step is averaged
+    over its own points, and the average follows a change without lag. With ``log`` it is
+    the geometric mean (the mean of ``log x``), what a logarithmic y axis shows as the
+    middle; an arithmetic mean there is pulled up by single spikes. Either way the average
+    stays within the range of the values it averages.
+
+    Args:
+        values: The series' values, one per tracked point (as :func:`series` returns them).
+        window: Points averaged, an odd number (an even one is made odd by adding one);
+            default :func:`smooth_window` of the series' length.
+        log: Average in log scale; values ``<= 0`` are left out of the averages.
+
+    Returns:
+        The averages, one per point; NaN where the value itself is NaN or infinite (so
+        :func:`cockpit_core.dashboard.style.line` marks it) or where the window holds no
+        usable value.
+
+    """
+    x = np.asarray(values, dtype=float).reshape(-1)
+    n = len(x)
+    half = (smooth_window(n) if window is None else max(1, int(window))) // 2
+    usable = np.isfinite(x) & (x > 0) if log else np.isfinite(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(usable, np.log(np.where(usable, x, 1.0)) if log else x, 0.0)
+    sums = np.concatenate(([0.0], np.cumsum(y)))
+    counts = np.concatenate(([0], np.cumsum(usable)))
+    low = np.clip(np.arange(n) - half, 0, n)
+    high = np.clip(np.arange(n) + half + 1, 0, n)
+    count = counts[high] - counts[low]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = (sums[high] - sums[low]) / count
+    if usable.any():  # rounding of the running sums must not leave the data's range
+        mean = np.clip(mean, y[usable].min(), y[usable].max())
+    if log:
+        mean = np.exp(mean)
+    mean[(count == 0) | ~np.isfinite(x)] = np.nan
+    return mean

@@ -1,9 +1,16 @@
-"""Diagnosis findings on the dashboard: the banner, and which panels a finding marks.
+"""Diagnosis findings on the dashboard: which ones, the banner, and which panels they mark.
+
+:func:`run_findings` gives a run's findings as ``cockpit diagnose`` does: the installed
+diagnoses run over the whole log (:func:`cockpit_core.diagnose.diagnose`), merged with the
+findings recorded while training, each once. A diagnosis that fails is skipped and named
+in the returned problems; the dashboard (:func:`cockpit_core.dashboard.render`) and the web
+view (:mod:`cockpit_core.web.findings`) both use it.
 
 :func:`findings_banner` writes the most severe findings (see ``docs/diagnoses.md``) as
-lines of text above the panels, coloured by the worst severity. It only adds text to the
-figure; :func:`cockpit_core.dashboard.render` calls it for one run with findings, and
-:mod:`cockpit_core.dashboard.markers` shades each finding's steps on the panels it marks.
+lines of text above the panels, one line per diagnosis, coloured by the worst severity. It
+only adds text to the figure; :func:`cockpit_core.dashboard.render` calls it for one run
+with findings, and :mod:`cockpit_core.dashboard.markers` shades each finding's steps on
+the panels it marks.
 
 :func:`diagnosis_reads` and :func:`marks` decide which panels those are, for this
 dashboard and the web view (:mod:`cockpit_core.web.findings`) alike: a panel that shows a
@@ -13,12 +20,15 @@ diagnosis not installed, or one that reads no quantity (``nonfinite``), marks no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cockpit_core.diagnosis import Finding, severity_rank
+from cockpit_core.errors import CockpitWarning
 
 if TYPE_CHECKING:
+    from cockpit_core.log import LogData
     from cockpit_core.registry import Registry
 
 COLORS = {"info": "#1f77b4", "warning": "#d98c00", "error": "#c62828"}
@@ -32,31 +42,33 @@ CHAR_WIDTH = 0.6
 def findings_banner(
     fig: Any, findings: Iterable[Finding | Mapping[str, Any]], most: int = 3, y: float = 0.995
 ) -> Any:
-    """Write the ``most`` most severe findings across the top of ``fig``; return the text.
+    """Write the ``most`` most severe diagnoses' findings across the top of ``fig``.
 
-    Each line (:func:`banner_line`) is cut to the figure's width; ``cockpit diagnose``
-    gives the whole message, the evidence and the suggestion.
+    One line per diagnosis (:func:`by_diagnosis`): its first finding of the most severe
+    and how many stretches it found (:func:`banner_line`), cut to the figure's width;
+    ``cockpit diagnose`` gives every finding with the evidence and the suggestion.
 
     Args:
         fig: A matplotlib ``Figure``.
         findings: :class:`~cockpit_core.diagnosis.Finding` objects or ``finding`` records
-            (``read_run(path).findings``).
-        most: How many lines to show; a last line counts the others.
+            (``read_run(path).findings``), in the order to show them within a severity
+            (:func:`run_findings` gives ``cockpit diagnose``'s order).
+        most: How many diagnoses to show; a last line counts the findings of the others.
         y: Figure coordinate of the banner's top edge.
 
     Returns:
         The matplotlib ``Text`` artist, or ``None`` when there are no findings.
 
     """
-    items = as_findings(findings)
-    if not items:
+    groups = by_diagnosis(as_findings(findings))
+    if not groups:
         return None
-    items.sort(key=lambda f: (-severity_rank(f.severity), f.first_step, f.id))
     fits = int(fig.get_figwidth() * 72 / (FONT_SIZE * CHAR_WIDTH)) - 4  # the box's padding
-    lines = [banner_line(f, fits) for f in items[:most]]
-    if len(items) > most:
-        lines.append(f"... and {len(items) - most} more (cockpit diagnose LOG lists all)")
-    worst = items[0].severity
+    lines = [banner_line(group[0], fits, len(group)) for group in groups[:most]]
+    if len(groups) > most:
+        count = sum(len(group) for group in groups[most:])
+        lines.append(f"... and {count} more (cockpit diagnose LOG lists all)")
+    worst = groups[0][0].severity
     return fig.text(
         0.01,
         y,
@@ -70,10 +82,136 @@ def findings_banner(
     )
 
 
-def banner_line(finding: Finding, limit: int) -> str:
-    """``SEVERITY diagnosis (steps a-b): message``, cut to ``limit`` characters with "…"."""
-    line = f"{finding.severity.upper():7} {finding.diagnosis} ({finding.steps}): {finding.message}"
+def banner_line(finding: Finding, limit: int, stretches: int = 1) -> str:
+    """``SEVERITY diagnosis (steps a-b): message``, cut to ``limit`` characters with "…".
+
+    A diagnosis that found several ``stretches`` reads ``(steps a-b; 4 stretches)``, as in
+    ``cockpit diagnose``'s report.
+    """
+    steps = finding.steps + (f"; {stretches} stretches" if stretches > 1 else "")
+    line = f"{finding.severity.upper():7} {finding.diagnosis} ({steps}): {finding.message}"
     return line if len(line) <= limit else line[: max(limit - 1, 0)].rstrip() + "…"
+
+
+def by_diagnosis(findings: Sequence[Finding]) -> list[list[Finding]]:
+    """The findings grouped by diagnosis, the most severe group first.
+
+    Within a group, and between groups of the same worst severity, the order of
+    ``findings`` is kept (the sort is stable): the first finding of a group is its most
+    severe one, the earliest given.
+    """
+    ranked = sorted(findings, key=lambda f: -_rank(f.severity))
+    groups: dict[str, list[Finding]] = {}
+    for finding in ranked:
+        groups.setdefault(finding.diagnosis, []).append(finding)
+    return list(groups.values())
+
+
+def _rank(severity: Any) -> int:
+    try:
+        return severity_rank(str(severity))
+    except ValueError:
+        return 0
+
+
+def _kind(finding: Finding) -> str:
+    """What a finding is about, without where: its id up to the last ``@``."""
+    return finding.id.rsplit("@", 1)[0]
+
+
+def merge(found: Sequence[Finding], logged: Sequence[Finding] = ()) -> list[Finding]:
+    """The findings ``found`` now, then those ``logged`` while training, each once.
+
+    A finding whose id came before is left out, and so is a logged finding whose stretch
+    a finding of the same kind found now overlaps: seeing only the latest steps while
+    training, the diagnoses may have dated the same condition differently (another id).
+
+    Args:
+        found: Findings of the diagnoses over the whole log (in their order).
+        logged: Findings recorded in the log while training (in file order).
+
+    """
+    out: list[Finding] = []
+    seen: set[str] = set()
+    for f in found:
+        if f.id not in seen:
+            seen.add(f.id)
+            out.append(f)
+    for f in logged:
+        if f.id in seen or any(
+            _kind(g) == _kind(f) and g.first_step <= f.last_step and f.first_step <= g.last_step
+            for g in found
+        ):
+            continue
+        seen.add(f.id)
+        out.append(f)
+    return out
+
+
+def run_findings(
+    data: LogData, registry: Registry | None = None, *, offline: bool = True
+) -> tuple[list[Finding], list[str]]:
+    """A run's findings, as ``cockpit diagnose`` reports them, and what went wrong.
+
+    With ``offline`` the diagnoses of ``registry`` run over all of ``data``
+    (:func:`cockpit_core.diagnose.diagnose`, in the order it reports them) and the
+    findings recorded while training follow (:func:`merge`); else only the recorded ones
+    count, in the order they were reported (:func:`cockpit_core.diagnose.sort_findings`).
+    Nothing here raises for a diagnosis: one that fails is skipped (and, if the diagnoses
+    cannot run together, each is run alone), and the failure is one of the problems
+    returned.
+
+    Args:
+        data: The run (:func:`cockpit_core.log.read_run`, or a Cockpit's data).
+        registry: Where the diagnoses come from (default: every installed plugin's).
+        offline: Run the diagnoses over ``data``; ``False``: the recorded findings only.
+
+    Returns:
+        ``(findings, problems)``: the findings, each once; one line per diagnosis that
+        failed, or that could not run.
+
+    """
+    from cockpit_core.diagnose import diagnose, sort_findings
+
+    logged = list({f.id: f for f in as_findings(data.findings)}.values())  # last of an id
+    if not offline:
+        return sort_findings(merge([], logged)), []
+    problems: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            found = diagnose(data, registry, include_logged=False)
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException:  # noqa: BLE001 - a plugin's diagnosis must not break a plot
+            found = _one_by_one(data, registry, problems)
+    for w in caught:  # run_checks warns about a diagnosis that raised and was skipped
+        if issubclass(w.category, CockpitWarning):
+            problems.append(str(w.message).removeprefix("cockpit: "))
+    return merge(found, logged), problems
+
+
+def _one_by_one(data: LogData, registry: Registry | None, problems: list[str]) -> list[Finding]:
+    """Each installed diagnosis run alone; those that fail are named in ``problems``."""
+    from cockpit_core.diagnose import diagnose
+
+    if registry is None:
+        from cockpit_core.registry import default_registry
+
+        registry = default_registry()
+    found: list[Finding] = []
+    for name, _ in sorted(registry.diagnoses.items()):
+        try:
+            found.extend(diagnose(data, registry, [name], include_logged=False))
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:  # noqa: BLE001 - skip it, say so
+            problems.append(f"diagnosis '{name}' failed and was skipped: {_short(err)}")
+    return found
+
+
+def _short(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"[:200]
 
 
 def as_findings(findings: Iterable[Finding | Mapping[str, Any]]) -> list[Finding]:

@@ -38,7 +38,7 @@ from cockpit_core.dashboard.planning import (
     plan,
 )
 from cockpit_core.dashboard.style import EXTRA_COLORS, TOPIC_COLORS, message
-from cockpit_core.errors import UnknownInstrumentError
+from cockpit_core.errors import CockpitWarning, UnknownInstrumentError
 from cockpit_core.instrument import TOPICS, Instrument
 from cockpit_core.log import LogData
 
@@ -68,6 +68,7 @@ def render(
     panel_size: tuple[float, float] = (4.6, 2.7),
     dpi: int = 100,
     labels: Sequence[str] | None = None,
+    diagnose: bool = True,
 ) -> Any:
     """Render the dashboard of ``source`` and save it to ``path`` if given.
 
@@ -87,10 +88,14 @@ def render(
         dpi: Resolution of raster output.
         labels: Legend labels of compared runs (default: each run's learning rate, else
             its log path; see :func:`~cockpit_core.dashboard.compare.run_labels`).
+        diagnose: Run the registry's diagnoses over the run, as ``cockpit diagnose``
+            does; ``False``: show only the findings recorded while training.
 
-    One run's findings (``finding`` records, ``cp.findings``) appear as a banner under the
-    title and as shaded step spans on the panels that show what their diagnosis reads
-    (:mod:`cockpit_core.dashboard.markers`); a comparison shows none.
+    One run's findings (those the diagnoses find in it now, and the ``finding`` records of
+    ``cp.findings`` or the log, each once: :func:`~.findings.run_findings`) appear as a
+    banner under the title and as shaded step spans on the panels that show what their
+    diagnosis reads (:mod:`cockpit_core.dashboard.markers`); a comparison shows none. A
+    diagnosis that fails is skipped, warned about and named in the note at the bottom.
 
     Returns:
         The matplotlib ``Figure``.
@@ -114,10 +119,14 @@ def render(
     )
     if panels is not None:
         insts = _select(insts, panels)
+    findings: list[Any] = []  # a comparison: none
+    problems: list[str] = []
     if len(datas) == 1:
         data = datas[0]
         plan_ = plan(data, insts)
-        marker = _marker(data, _registry(sources[0], registry))
+        reg = _registry(sources[0], registry)
+        findings, problems = _findings(data, reg, diagnose)
+        marker = _marker(findings, reg)
 
         def draw(fig: Any, cell: Any, panel: Panel) -> Any:
             ax = _draw_panel(fig, cell, panel, data)
@@ -139,11 +148,13 @@ def render(
     nrows = max((sum(len(ps) for _, ps in col) for col in subcols), default=0)
     pw, ph = panel_size
     note = _note(plan_, data)
+    if problems:
+        note.append("Diagnoses skipped: " + "; ".join(problems) + ".")
     ncols = max(len(subcols), 2)
     width = ncols * pw
     wrapped = [w for line in note for w in textwrap.wrap(line, int(width * 15))]
-    findings = list(data.findings) if len(datas) == 1 else []  # a comparison: none
-    banner_lines = min(len(findings), 3) + (len(findings) > 3)
+    groups = len({f.diagnosis for f in findings})  # the banner: a line per diagnosis
+    banner_lines = min(groups, 3) + (groups > 3)
     top_in, col_title_in = 0.75 + (0.2 * banner_lines + 0.2 if findings else 0.0), 0.45
     col_in = nrows * ph + col_title_in if subcols else 0.0
     bottom_in = 1.3 * ph if bottom else 0.0
@@ -311,16 +322,25 @@ def _title(ax: Any, panel: Panel) -> None:
     ax.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")
 
 
-def _marker(data: LogData, registry: Any) -> Callable[[Any, Panel], Any]:
+def _findings(data: LogData, registry: Any, diagnose: bool) -> tuple[list[Any], list[str]]:
+    """The run's findings and the diagnoses that failed (warned about here)."""
+    from cockpit_core.dashboard.findings import run_findings
+
+    found, problems = run_findings(data, registry, offline=diagnose)
+    for problem in problems:
+        warnings.warn(f"cockpit dashboard: {problem}", CockpitWarning, stacklevel=4)
+    return found, problems
+
+
+def _marker(findings: list[Any], registry: Any) -> Callable[[Any, Panel], Any]:
     """``marker(ax, panel)``: the run's findings on a drawn panel (see ``markers``)."""
-    if not data.findings:
+    if not findings:
         return lambda ax, panel: None
-    from cockpit_core.dashboard.findings import as_findings, diagnosis_reads
+    from cockpit_core.dashboard.findings import diagnosis_reads
     from cockpit_core.dashboard.markers import mark_panel
 
-    found = list({f.id: f for f in as_findings(data.findings)}.values())  # each id once
     reads = diagnosis_reads(registry)
-    return lambda ax, panel: mark_panel(ax, panel.keys, found, reads)
+    return lambda ax, panel: mark_panel(ax, panel.keys, findings, reads)
 
 
 def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:

@@ -54,7 +54,8 @@ class LivePlot:
             (see the module's description); :attr:`renders` then counts the pictures the
             renderer finished, and :meth:`close` waits for the last one.
         **render_options: Passed to :func:`cockpit_core.dashboard.render` (``registry``,
-            ``instruments``, ``rows``, ``dpi`` ...).
+            ``instruments``, ``rows``, ``dpi`` ...; ``diagnose=False``: each picture shows
+            only the recorded findings instead of running the diagnoses over the records).
 
     """
 

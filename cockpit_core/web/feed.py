@@ -4,6 +4,12 @@
 :class:`Feed` follows each log (:class:`~cockpit_core.web.follow.LogFollower`) and gives the
 page's data (:meth:`Feed.payload`): the panels' plotly figures, a status per run and the
 runs' findings (:mod:`cockpit_core.web.findings`).
+
+The findings are those of ``cockpit diagnose``: the installed diagnoses run over each log
+(read whole again) and the findings it recorded while training, each once. While a log
+grows they run again, but after a run that took ``t`` seconds not before ``t /
+DIAGNOSE_SHARE`` seconds have passed, so they take at most a tenth of the server's time
+however long the log; in between the page shows the previous findings.
 """
 
 from __future__ import annotations
@@ -15,11 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cockpit_core.dashboard.findings import run_findings
 from cockpit_core.errors import CockpitError
 from cockpit_core.web import findings as web_findings
 from cockpit_core.web.arrays import HEATMAP_COLUMNS
 from cockpit_core.web.follow import LogFollower
 from cockpit_core.web.panels import TOPICS, figures
+
+DIAGNOSE_SHARE = 0.1
+"""Share of the time the diagnoses of a growing log may take (see the module's description)."""
 
 LOG_NAMES = ("log.jsonl", "output.json")
 """Files looked for in a run folder, in this order; else its only ``*.jsonl`` file."""
@@ -82,9 +92,10 @@ class Feed:
             :class:`~cockpit_core.web.arrays.HistogramTrack`).
         labels: The runs' names in legends, one per log found (default: see
             :func:`find_logs`).
-        diagnose: Also run the installed diagnoses over each log when the data changes
-            (:func:`cockpit_core.diagnose.diagnose`); else show only the findings the logs
-            recorded while training.
+        diagnose: Run the installed diagnoses over each log, again when it grew (at most
+            :data:`DIAGNOSE_SHARE` of the time; see the module's description), as
+            ``cockpit diagnose`` does; ``False``: show only the findings the logs recorded
+            while training.
 
     """
 
@@ -94,7 +105,7 @@ class Feed:
         title: str | None = None,
         max_points: int = 2000,
         labels: Sequence[str] | None = None,
-        diagnose: bool = False,
+        diagnose: bool = True,
         heatmap_columns: int = HEATMAP_COLUMNS,
     ):
         logs = find_logs(paths)
@@ -111,15 +122,29 @@ class Feed:
         self.version = 0
         self._lock = threading.Lock()
         self._payload: dict[str, Any] | None = None
+        self._diagnosed: dict[int, _Diagnosed] = {}  # by index of the run
+        self._stale: set[int] = set(range(len(self.runs)))  # logs grown since diagnosed
 
     def poll(self) -> bool:
-        """Read what every log appended; ``True`` if anything new arrived."""
+        """Read what every log appended; ``True`` if anything new arrived.
+
+        The page's data is also made anew when the findings of a log that grew are due to
+        be brought up to date (see :data:`DIAGNOSE_SHARE`).
+        """
         with self._lock:
             changed = [run.poll() for run in self.runs]
-            if any(changed) or self._payload is None:
+            self._stale.update(i for i, grew in enumerate(changed) if grew)
+            if any(changed) or self._payload is None or self._diagnoses_due():
                 self.version += 1
                 self._payload = None
             return any(changed)
+
+    def _diagnoses_due(self) -> bool:
+        """Whether a log grew since its diagnoses ran and they may run again now."""
+        if not self.diagnose:
+            return False
+        now = time.monotonic()
+        return any(i in self._diagnosed and now >= self._diagnosed[i].due for i in self._stale)
 
     def payload(self) -> dict[str, Any]:
         """The page's data after a :meth:`poll`: panels, runs and a version number.
@@ -134,8 +159,9 @@ class Feed:
         with self._lock:
             if self._payload is None:
                 panels = figures(self.runs, self.max_points)
+                diagnosed = [self._findings(i) for i in range(len(self.runs))]
                 found = web_findings.entries(
-                    [(run.label, self._findings(run)) for run in self.runs],
+                    [(run.label, d.found) for run, d in zip(self.runs, diagnosed)],
                     panels,
                     web_findings.diagnosis_reads(),
                 )
@@ -153,23 +179,52 @@ class Feed:
                             "records": run.records,
                             "last_step": run.last_step,
                             "error": run.error,
+                            "problems": d.problems,
                         }
-                        for run in self.runs
+                        for run, d in zip(self.runs, diagnosed)
                     ],
                     "panels": panels,
                     "findings": found,
+                    "finding_groups": web_findings.groups(found),
                 }
             return self._payload
 
-    def _findings(self, run: LogFollower) -> list[dict[str, Any]]:
-        """The run's logged findings, and with ``diagnose`` those found in its log now."""
-        if not self.diagnose:
-            return list(run.findings.values())
-        from cockpit_core.diagnose import diagnose
-        from cockpit_core.log import LogFormatError
+    def _findings(self, index: int) -> _Diagnosed:
+        """The findings of run ``index``: its log's, and with ``diagnose`` those found in it.
 
-        try:  # the logged ones are included (each id once)
-            return [f.to_record() for f in diagnose(run.path)]
-        except (OSError, LogFormatError) as err:  # not there yet, or being written
+        The diagnoses run again when the log grew and they are due (see
+        :data:`DIAGNOSE_SHARE`); until then the findings of their last run are kept.
+        """
+        run = self.runs[index]
+        logged = [{k: v for k, v in f.items() if k != "kind"} for f in run.findings.values()]
+        if not self.diagnose:
+            return _Diagnosed(logged)
+        last = self._diagnosed.get(index)
+        if last is not None and (index not in self._stale or time.monotonic() < last.due):
+            return last
+        from cockpit_core.log import LogFormatError, read_run
+
+        start = time.monotonic()
+        try:
+            data = read_run(run.path)
+        except FileNotFoundError:  # not there yet: training has not started
+            return _Diagnosed(logged)
+        except (OSError, LogFormatError) as err:  # being replaced, or damaged
             run.error = run.error or f"diagnoses not run: {err}"
-            return list(run.findings.values())
+            return last or _Diagnosed(logged)
+        found, problems = run_findings(data)
+        now = time.monotonic()
+        self._stale.discard(index)
+        self._diagnosed[index] = _Diagnosed(
+            [f.to_record() for f in found], problems, now + (now - start) / DIAGNOSE_SHARE
+        )
+        return self._diagnosed[index]
+
+
+class _Diagnosed:
+    """A run's findings (``finding`` records), the diagnoses that failed, when to rerun."""
+
+    def __init__(self, found: list[dict[str, Any]], problems: Sequence[str] = (), due: float = 0):
+        self.found = found
+        self.problems = list(problems)
+        self.due = due

@@ -1,13 +1,15 @@
 """Findings in the web view: the list above the panels and the shaded steps on the panels.
 
-A finding (``docs/diagnoses.md``) comes from a ``finding`` record of the log (a diagnosis
-that ran while training) or, for a page written by ``cockpit plot -o x.html``, from running
-the installed diagnoses over the log (:func:`cockpit_core.diagnose.diagnose`). Each becomes
-an entry of the page's ``findings`` list, and a shaded span from its ``first_step`` to its
-``last_step`` on every panel that shows a quantity its diagnosis reads (looked up in the
-installed diagnoses; a diagnosis not installed here, or one that reads no quantity such as
-``nonfinite``, marks no panel). Which panels a finding marks is decided as on the matplotlib
-dashboard (:func:`cockpit_core.dashboard.findings.marks`).
+A finding (``docs/diagnoses.md``) comes from running the installed diagnoses over the log
+(:func:`cockpit_core.dashboard.findings.run_findings`, as ``cockpit diagnose`` does) or
+from a ``finding`` record of the log (a diagnosis that ran while training), each once.
+Each becomes an entry of the page's ``findings`` list, and a shaded span from its
+``first_step`` to its ``last_step`` on every panel that shows a quantity its diagnosis
+reads (looked up in the installed diagnoses; a diagnosis not installed here, or one that
+reads no quantity such as ``nonfinite``, marks no panel). Which panels a finding marks is
+decided as on the matplotlib dashboard (:func:`cockpit_core.dashboard.findings.marks`).
+The page lists them grouped (:func:`groups`): one row per diagnosis and run, its
+stretches inside.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from cockpit_core.dashboard.findings import diagnosis_reads, marks
 from cockpit_core.diagnosis import severity_rank
 
-__all__ = ["COLORS", "OPACITY", "diagnosis_reads", "entries", "mark"]
+__all__ = ["COLORS", "OPACITY", "diagnosis_reads", "entries", "groups", "mark"]
 
 COLORS = {"info": "#1f77b4", "warning": "#ff7f0e", "error": "#d62728"}
 """Fill colour of a finding's span (and its list entry) by severity."""
@@ -42,8 +44,8 @@ def entries(
 
     Returns:
         ``[{"run", "id", "diagnosis", "severity", "first_step", "last_step", "message",
-        "suggestion", "source", "panels": [panel ids]}]``, the most severe first, then by
-        first step.
+        "suggestion", "source", "panels": [panel ids]}]``, the most severe first, else in
+        the order given (``cockpit diagnose``'s, run by run).
 
     """
     out = []
@@ -72,7 +74,52 @@ def entries(
                     ],
                 }
             )
-    return sorted(out, key=lambda e: (-_rank(e["severity"]), e["first_step"] or 0, e["id"]))
+    return sorted(out, key=lambda e: -_rank(e["severity"]))  # stable: the given order
+
+
+def groups(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The findings list as the page shows it: one group per run and diagnosis.
+
+    Args:
+        findings: Entries of :func:`entries` (the most severe first).
+
+    Returns:
+        ``[{"run", "diagnosis", "id", "severity", "message", "suggestion", "source",
+        "first_step", "last_step", "count", "panels", "stretches": [{"id", "severity",
+        "first_step", "last_step", "message"}]}]`` in the order of their first entries:
+        the group's id, severity, message, suggestion and source are those of its first
+        (most severe) entry; its steps span all its stretches, which are sorted by first
+        step.
+
+    """
+    out: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for f in findings:
+        group = out.get((f["run"], f["diagnosis"]))
+        if group is None:
+            group = out[(f["run"], f["diagnosis"])] = {
+                **{k: f.get(k) for k in ("run", "diagnosis", "id", "severity", "message")},
+                **{k: f.get(k) for k in ("suggestion", "source")},
+                "first_step": f.get("first_step"),
+                "last_step": f.get("last_step"),
+                "count": 0,
+                "panels": [],
+                "stretches": [],
+            }
+        group["count"] += 1
+        group["panels"] += [p for p in f.get("panels", ()) if p not in group["panels"]]
+        group["stretches"].append(
+            {k: f.get(k) for k in ("id", "severity", "first_step", "last_step", "message")}
+        )
+        for key, pick in (("first_step", min), ("last_step", max)):
+            steps = [s for s in (group[key], f.get(key)) if isinstance(s, int)]
+            group[key] = pick(steps) if steps else None
+    for group in out.values():
+        group["stretches"].sort(key=lambda s: (_step(s["first_step"]), str(s["id"])))
+    return list(out.values())
+
+
+def _step(value: Any) -> int:
+    return value if isinstance(value, int) else 0
 
 
 def mark(panels: Sequence[dict[str, Any]], findings: Sequence[Mapping[str, Any]]) -> None:

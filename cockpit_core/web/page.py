@@ -6,6 +6,14 @@ self-contained file (plotly.js inlined, the data embedded, no network needed);
 poll interval, and the page then asks the server for ``data.json`` every few seconds and
 redraws with ``Plotly.react`` when the version changed. The charts are plotly's; the
 page's own script only places the panels, lists the findings above them and polls.
+
+The findings list is kept short so that the charts start on the first screen: one row
+per diagnosis and run (a ``<details>`` element whose summary names the severity, the
+diagnosis, its first message and steps; opened, it lists every stretch with the
+suggestion and the source), in a box of at most :data:`FINDINGS_HEIGHT` that scrolls
+beyond. Plotly's mode bar (zoom, pan, download) shows only while the pointer is over a
+chart, in the top margin to the right, above the panel's title (see
+:func:`cockpit_core.web.panels.figures`).
 """
 
 from __future__ import annotations
@@ -24,19 +32,33 @@ PLOTLY_JS = "plotly.min.js"
 DATA_JSON = "data.json"
 """Where ``cockpit serve`` serves :meth:`Feed.payload` (relative to the page)."""
 
+FINDINGS_HEIGHT = "30vh"
+"""Height of the findings list at most (CSS); a longer list scrolls."""
+
+PLOTLY_CONFIG = {"responsive": True, "displaylogo": False, "displayModeBar": "hover"}
+"""Plotly's configuration of every chart: the mode bar only while the pointer is over it."""
+
 _STYLE = """
-body { font-family: sans-serif; margin: 1em 2em; color: #222; }
-h1 { font-size: 1.3em; margin-bottom: 0.2em; }
-h2 { font-size: 1.05em; text-transform: uppercase; color: #555; border-bottom: 1px solid #ccc; }
-#cockpit-status { color: #555; font-size: 0.9em; }
+body { font-family: sans-serif; margin: 0.8em 2em; color: #222; }
+h1 { font-size: 1.3em; margin: 0 0 0.2em 0; }
+h2 { font-size: 1.05em; text-transform: uppercase; color: #555; border-bottom: 1px solid #ccc;
+  margin: 0.6em 0 0.4em 0; }
+#cockpit-status { color: #555; font-size: 0.9em; margin: 0.2em 0; }
 .cockpit-topic { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr));
   gap: 0.5em; }
-.cockpit-error { color: #b00; }
-#cockpit-findings ul { list-style: none; padding-left: 0; margin: 0.3em 0; }
-.cockpit-finding { border-left: 5px solid #1f77b4; padding: 0.2em 0.6em; margin: 0.2em 0;
-  background: #f6f6f6; }
+.cockpit-error { color: #b00; margin: 0.2em 0; }
+.cockpit-error:empty { display: none; }
+#cockpit-findings h2 { margin-top: 0.3em; }
+.cockpit-findings-list { max-height: %(findings_height)s; overflow-y: auto; }
+.cockpit-finding { border-left: 5px solid #1f77b4; padding: 0.1em 0.6em; margin: 0.15em 0;
+  background: #f6f6f6; font-size: 0.9em; }
 .cockpit-finding.warning { border-color: #ff7f0e; }
 .cockpit-finding.error { border-color: #d62728; }
+.cockpit-finding summary { display: block; cursor: pointer; white-space: nowrap;
+  overflow: hidden; text-overflow: ellipsis; }
+.cockpit-finding summary::before { content: "\\25b8  "; color: #777; }
+.cockpit-finding[open] summary::before { content: "\\25be  "; }
+.cockpit-finding ul { margin: 0.2em 0 0.2em 1.2em; padding: 0; }
 .cockpit-finding small { color: #555; }
 """
 
@@ -44,6 +66,7 @@ h2 { font-size: 1.05em; text-transform: uppercase; color: #555; border-bottom: 1
 # with POLL > 0 asks the server for data.json and redraws when its version changed.
 _SCRIPT = """
 const POLL_MS = %(poll_ms)d;
+const CONFIG = %(config)s;
 let version = null;
 function section(topic) {
   const id = "topic-" + topic.replace(/[^a-z0-9]+/g, "-");
@@ -74,7 +97,7 @@ function show(data) {
       section(p.topic).appendChild(div);
     }
     div.dataset.points = p.points;
-    Plotly.react(div, p.figure.data, p.figure.layout, {responsive: true, displaylogo: false});
+    Plotly.react(div, p.figure.data, p.figure.layout, CONFIG);
   }
   const runs = data.runs.map((r) => r.label + " (last step " + r.last_step + ")").join(", ");
   const status = document.getElementById("cockpit-status");
@@ -82,34 +105,58 @@ function show(data) {
   status.dataset.version = data.version;
   status.textContent = data.points + " values in " + data.panels.length + " panels; " + runs +
     "; updated " + data.updated + (POLL_MS ? " (live)" : "");
-  showFindings(data.findings || [], data.runs.length > 1);
+  showFindings(data.finding_groups || [], (data.findings || []).length, data.runs.length > 1);
   const errors = data.runs.filter((r) => r.error).map((r) => r.label + ": " + r.error);
+  for (const r of data.runs) {
+    for (const problem of r.problems || []) errors.push(r.label + ": " + problem);
+  }
   document.getElementById("cockpit-errors").textContent = errors.join("; ");
 }
-function showFindings(findings, several) {
+function stepsOf(f) {
+  return f.first_step === f.last_step ? "step " + f.first_step
+    : "steps " + f.first_step + "-" + f.last_step;
+}
+function showFindings(groups, count, several) {
   const box = document.getElementById("cockpit-findings");
-  box.dataset.count = findings.length;
+  box.dataset.count = count;
+  box.dataset.groups = groups.length;
+  const open = new Set(Array.from(box.querySelectorAll("details[open]"), (d) => d.dataset.key));
   box.replaceChildren();
-  if (!findings.length) return;
+  if (!groups.length) return;
   const h = document.createElement("h2");
-  h.textContent = "findings (" + findings.length + ")";
-  const list = document.createElement("ul");
-  for (const f of findings) {
-    const item = document.createElement("li");
-    item.className = "cockpit-finding " + f.severity;
-    item.dataset.id = f.id;
-    const steps = f.first_step === f.last_step ? "step " + f.first_step
-      : "steps " + f.first_step + "-" + f.last_step;
+  h.textContent = "findings (" + count + " from " + groups.length + " diagnoses" +
+    (several ? " and runs" : "") + ")";
+  const list = document.createElement("div");
+  list.className = "cockpit-findings-list";
+  for (const g of groups) {
+    const item = document.createElement("details");
+    item.className = "cockpit-finding " + g.severity;
+    item.dataset.key = g.run + "\u0000" + g.diagnosis;
+    item.dataset.diagnosis = g.diagnosis;
+    item.dataset.count = g.count;
+    item.open = open.has(item.dataset.key);
+    const summary = document.createElement("summary");
     const head = document.createElement("b");
-    head.textContent = (several ? f.run + ": " : "") + f.severity.toUpperCase() + " " +
-      f.diagnosis + ": ";
-    item.appendChild(head);
-    item.appendChild(document.createTextNode(f.message + " (" + steps + ")"));
-    const more = [f.suggestion, f.source].filter((t) => t).join(" \u2014 ");
+    head.textContent = (several ? g.run + ": " : "") + g.severity.toUpperCase() + " " +
+      g.diagnosis;
+    summary.appendChild(head);
+    const first = g.stretches.find((s) => s.id === g.id) || g;
+    const where = stepsOf(first) + (g.count > 1 ? "; " + g.count + " stretches" : "");
+    summary.appendChild(document.createTextNode(" (" + where + "): " + g.message));
+    item.appendChild(summary);
+    const stretches = document.createElement("ul");
+    for (const s of g.stretches) {
+      const li = document.createElement("li");
+      li.dataset.id = s.id;
+      li.textContent = stepsOf(s) + ": " + (s.severity !== g.severity
+        ? s.severity.toUpperCase() + " " : "") + s.message;
+      stretches.appendChild(li);
+    }
+    item.appendChild(stretches);
+    const more = [g.suggestion, g.source].filter((t) => t).join(" \u2014 ");
     if (more) {
       const small = document.createElement("small");
       small.textContent = more;
-      item.appendChild(document.createElement("br"));
       item.appendChild(small);
     }
     list.appendChild(item);
@@ -169,11 +216,16 @@ def render_page(payload: dict[str, Any], poll_seconds: float = 0.0, inline_js: b
     script = (
         f"<script>{plotly_js()}</script>" if inline_js else f'<script src="{PLOTLY_JS}"></script>'
     )
-    code = _SCRIPT % {"poll_ms": round(poll_seconds * 1000), "data": DATA_JSON}
+    code = _SCRIPT % {
+        "poll_ms": round(poll_seconds * 1000),
+        "data": DATA_JSON,
+        "config": json.dumps(PLOTLY_CONFIG),
+    }
+    style = _STYLE % {"findings_height": FINDINGS_HEIGHT}
     title = html.escape(str(payload.get("title", "cockpit")))
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{title}</title>\n<style>{_STYLE}</style>\n{script}\n</head>\n<body>\n"
+        f"<title>{title}</title>\n<style>{style}</style>\n{script}\n</head>\n<body>\n"
         f'<h1>{title}</h1>\n<p id="cockpit-status"></p>\n'
         '<p id="cockpit-errors" class="cockpit-error"></p>\n'
         '<div id="cockpit-findings"></div>\n'
@@ -188,16 +240,19 @@ def write_page(
     out: str | os.PathLike,
     title: str | None = None,
     labels: list[str] | None = None,
+    diagnose: bool = True,
 ) -> Path:
     """Write the web view of the runs at ``paths`` to ``out`` as one self-contained file.
 
     The file opens in any browser without a server or a network (plotly.js is inlined:
-    about 5 MB). The installed diagnoses run over each log: their findings are listed above
-    the panels and shaded on them. It is written to a temporary file first and then renamed over ``out``.
-    ``title`` and ``labels`` as in :class:`Feed`.
+    about 5 MB). The installed diagnoses run over each log (``diagnose=False``: only the
+    findings the logs recorded while training): their findings are listed above the
+    panels, grouped by diagnosis and run, and shaded on them. It is written to a
+    temporary file first and then renamed over ``out``. ``title`` and ``labels`` as in
+    :class:`Feed`.
     """
     out = Path(out)
-    text = render_page(Feed(paths, title=title, labels=labels, diagnose=True).payload())
+    text = render_page(Feed(paths, title=title, labels=labels, diagnose=diagnose).payload())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -20,6 +20,10 @@ TOPICS: tuple[str, ...] = ("step size", "gradient", "curvature", "performance", 
 """Sections of the page, in order (the dashboard's topics, then everything else)."""
 
 OTHER = "other"
+TOP_MARGIN = 56
+"""Pixels above a chart's plot area: plotly's mode bar (at most about 30 px high, shown at
+the top while the pointer is over the chart), then the panel's title, left-aligned just
+above the plot area, so that the two never overlap."""
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
@@ -190,14 +194,24 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
     for panel in sorted(panels.values(), key=_place):
         layout = go.Layout(  # checked by plotly; the traces are plain scatter dicts
             {
-                "title": {"text": panel.title, "font": {"size": 14}},
+                "title": {  # below the mode bar's band, see TOP_MARGIN
+                    "text": panel.title,
+                    "font": {"size": 14},
+                    "x": 0,
+                    "xref": "paper",
+                    "xanchor": "left",
+                    "y": 1,
+                    "yref": "paper",
+                    "yanchor": "bottom",
+                    "pad": {"b": 8},
+                },
                 "xaxis": {"title": {"text": "step"}},
                 "yaxis": {
                     "type": "log" if panel.log_y else "linear",
                     **({"title": {"text": panel.y_title}} if panel.y_title else {}),
                 },
-                "height": 300,
-                "margin": {"l": 55, "r": 15, "t": 40, "b": 40},
+                "height": 320,
+                "margin": {"l": 55, "r": 15, "t": TOP_MARGIN, "b": 40},
                 "legend": {"orientation": "h", "y": -0.25},
                 "uirevision": panel.id,  # keep the user's zoom across updates
             }

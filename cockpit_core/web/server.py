@@ -86,13 +86,13 @@ def make_server(
     port: int = DEFAULT_PORT,
     poll_seconds: float = 2.0,
     title: str | None = None,
-    diagnose: bool = False,
+    diagnose: bool = True,
 ) -> WebServer:
     """A :class:`WebServer` for the runs at ``paths``, bound but not yet serving.
 
-    With ``diagnose`` the installed diagnoses run over each log whenever it grew
-    (:class:`~cockpit_core.web.feed.Feed`); otherwise the page shows the findings the logs
-    recorded while training.
+    With ``diagnose`` the installed diagnoses run over each log, again when it grew (at
+    most a tenth of the time, see :class:`~cockpit_core.web.feed.Feed`); with ``False``
+    the page shows only the findings the logs recorded while training.
     """
     return WebServer(Feed(paths, title=title, diagnose=diagnose), (host, port), poll_seconds)
 
@@ -104,7 +104,7 @@ def serve(
     poll_seconds: float = 2.0,
     title: str | None = None,
     announce: Callable[[str], Any] = print,
-    diagnose: bool = False,
+    diagnose: bool = True,
 ) -> None:
     """Serve the web view of the runs at ``paths`` until interrupted (Ctrl-C).
 

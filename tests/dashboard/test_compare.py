@@ -9,6 +9,7 @@ from matplotlib.colors import to_hex
 from cockpit_core.cli import main
 from cockpit_core.dashboard import Instrument, render, series
 from cockpit_core.dashboard.compare import RUN_COLORS, run_labels
+from cockpit_core.dashboard.data import smooth_window
 from cockpit_core.log import LogData, read_run
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
@@ -41,13 +42,12 @@ def _legend_labels(ax):
     return [t.get_text() for t in legend.get_texts()]
 
 
-def _ema(x, weight):
-    """m_0 = x_0, m_t = (1 - weight) m_{t-1} + weight x_t, in float64 by a loop."""
-    out, m = [], None
-    for v in x:
-        m = v if m is None else (1 - weight) * m + weight * v
-        out.append(m)
-    return np.asarray(out, dtype=np.float64)
+def _centred_mean(x, window):
+    """The mean of the ``window`` points around each point (fewer at the ends), by a loop."""
+    half = window // 2
+    return np.asarray(
+        [np.mean(x[max(0, i - half) : i + half + 1]) for i in range(len(x))], dtype=np.float64
+    )
 
 
 def test_overlay_draws_each_run_in_its_colour_with_one_legend_entry(registry_with_basic):
@@ -61,8 +61,9 @@ def test_overlay_draws_each_run_in_its_colour_with_one_legend_entry(registry_wit
         np.testing.assert_allclose(raw.get_ydata(), loss, rtol=0, atol=0)
         np.testing.assert_allclose(raw.get_xdata(), np.arange(5))
         assert raw.get_alpha() <= 0.3 and smooth.get_alpha() in (None, 1.0)
-        # the instrument's own moving average (weight 0.1), recomputed here by the definition
-        np.testing.assert_allclose(smooth.get_ydata(), _ema(loss, 0.1), rtol=1e-12)
+        # the instrument's own moving average, recomputed here by the definition
+        window = smooth_window(len(loss))
+        np.testing.assert_allclose(smooth.get_ydata(), _centred_mean(loss, window), rtol=1e-12)
 
 
 def draw_with_reference(ax, output, header):

@@ -262,7 +262,8 @@ def test_the_live_plot_draws_a_finding_that_came_after_its_last_picture(tmp_path
     upto = kinds.index("finding")
     assert kinds[upto - 1] == "values"  # the finding follows the values of its step
     path = tmp_path / "live.svg"
-    live = LivePlot(path, every=1, registry=wiggle_registry)
+    # diagnose=False: only the recorded findings (else the picture finds it by itself)
+    live = LivePlot(path, every=1, registry=wiggle_registry, diagnose=False)
     for record in seen[: upto + 1]:
         live(record)
     # the SVG names each artist by its gid: the picture drawn before the finding has none
@@ -271,3 +272,14 @@ def test_the_live_plot_draws_a_finding_that_came_after_its_last_picture(tmp_path
     live.close()
     assert live.renders == pictures + 1
     assert path.read_text().count(f'id="{SPAN_GID}') == 2  # the curve and the heat map
+
+    # by default the live plot runs the diagnoses over what it has: the picture drawn
+    # before the finding was recorded shows it already, and once only after the record
+    path = tmp_path / "live_offline.svg"
+    live = LivePlot(path, every=1, registry=wiggle_registry)
+    for record in seen[:upto]:
+        live(record)
+    assert path.read_text().count(f'id="{SPAN_GID}') == 2
+    live(seen[upto])
+    live.close()
+    assert path.read_text().count(f'id="{SPAN_GID}') == 2

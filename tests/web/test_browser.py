@@ -6,6 +6,7 @@ where no `chromium` or `chromium-browser` is on PATH.
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def dump_dom(url: str, profile, budget_ms: int = 4000) -> str:
+def dump_dom(url: str, profile, budget_ms: int = 4000, window: str = "1280,800") -> str:
     """The page's DOM after ``budget_ms`` of virtual time (scripts run, polls answered)."""
     command = [
         BROWSER,
@@ -33,6 +34,8 @@ def dump_dom(url: str, profile, budget_ms: int = 4000) -> str:
         "--disable-gpu",
         "--disable-dev-shm-usage",
         f"--user-data-dir={profile}",
+        f"--window-size={window}",
+        "--hide-scrollbars",
         f"--virtual-time-budget={budget_ms}",
         "--dump-dom",
         url,
@@ -97,9 +100,11 @@ def test_static_page_lists_findings_and_shades_their_steps(logged_run, tmp_path)
     page = write_page([logged_run.log], tmp_path / "dash.html")
     dom = dump_dom(page.as_uri(), tmp_path / "profile", budget_ms=2000)
     assert _attribute(dom, "cockpit-findings", "data-count") == 1
-    # the message is text, not markup; the entry is styled by its severity
-    assert 'class="cockpit-finding warning" data-id="dead_layers@1"' in dom
-    assert "WARNING dead_layers: </b>a &lt;b&gt;dead&lt;/b&gt; layer (steps 1-2)" in dom
+    assert _attribute(dom, "cockpit-findings", "data-groups") == 1
+    # the message is text, not markup; the row is styled by its severity
+    assert '<details class="cockpit-finding warning" data-key=' in dom
+    assert "WARNING dead_layers</b> (steps 1-2): a &lt;b&gt;dead&lt;/b&gt; layer" in dom
+    assert '<li data-id="dead_layers@1">steps 1-2: a &lt;b&gt;dead&lt;/b&gt; layer</li>' in dom
 
     # plotly drew the span on the grad_norm panel (dead_layers reads grad_norm) only
     def drawn(panel_id: str) -> int:
@@ -128,3 +133,81 @@ def test_page_draws_the_histogram_heat_map_and_the_stability_threshold(tmp_path)
     assert 'class="hm"' in heat and "<image" in heat  # plotly drew the heat map's image
     assert 'data-unformatted="log10(1 + count)"' in heat  # and its colour bar
     assert 'data-unformatted="stability threshold 2/lr = 20"' in panel("hess_max_ev")
+
+
+# Measures the drawn page in the browser and writes the boxes (page coordinates, px) into
+# a <pre id="geometry"> element of the DOM that --dump-dom returns.
+MEASURE = """
+<script>
+setTimeout(function () {
+  function box(el) {
+    if (!el) return null;
+    const r = el.getBoundingClientRect();
+    return [r.left, r.top + window.scrollY, r.right, r.bottom + window.scrollY];
+  }
+  const panels = Array.from(document.querySelectorAll(".cockpit-panel"), (p) => ({
+    id: p.id, box: box(p), title: box(p.querySelector(".gtitle")),
+    modebar: box(p.querySelector(".modebar")),
+  }));
+  const pre = document.createElement("pre");
+  pre.id = "geometry";
+  pre.textContent = JSON.stringify({height: window.innerHeight, panels: panels});
+  document.body.appendChild(pre);
+}, 1500);
+</script>
+"""
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_twenty_findings_of_two_runs_leave_the_charts_on_the_first_screen(logged_run, tmp_path):
+    """1280x800: one row per diagnosis and run, the charts start on the first screen, and
+    plotly's mode bar covers no panel title."""
+    import json
+
+    from cockpit_core.diagnosis import Finding
+    from cockpit_core.web import write_page
+
+    message = "the norm test fails at many tracked steps: the mini-batch gradient is too noisy"
+    plan = {
+        "lr-0.1": [("dead_layers", "warning", 4), ("batch_size", "warning", 5)],
+        "lr-1": [
+            ("batch_size", "warning", 4),
+            ("exploding_gradients", "error", 2),
+            ("step_size", "warning", 3),
+            ("dead_layers", "info", 2),
+        ],
+    }
+    runs = []
+    for name, items in plan.items():
+        (tmp_path / name).mkdir()
+        log = tmp_path / name / "log.jsonl"
+        log.write_bytes(logged_run.log.read_bytes())
+        with open(log, "a") as f:
+            for diagnosis, severity, count in items:
+                for k in range(count):
+                    found = Finding(f"{diagnosis}@{k}", diagnosis, severity, k, k + 1, message)
+                    f.write(dumps(found.to_record()) + "\n")
+        runs.append(tmp_path / name)
+    page = write_page(runs, tmp_path / "dash.html", diagnose=False)
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = dump_dom(measured.as_uri(), tmp_path / "profile", budget_ms=4000)
+
+    assert _attribute(dom, "cockpit-findings", "data-count") == 20
+    assert _attribute(dom, "cockpit-findings", "data-groups") == 6  # one per diagnosis and run
+    assert dom.count('<details class="cockpit-finding') == 6
+    assert 'data-diagnosis="batch_size" data-count="5"' in dom
+    geometry = json.loads(html.unescape(re.search(r'<pre id="geometry">(.*?)</pre>', dom)[1]))
+    panels = geometry["panels"]
+    assert len(panels) >= 3
+    first = min(p["box"][1] for p in panels)
+    # the first charts start on the first screen, with room to be read
+    assert first + 200 <= min(800, geometry["height"]), geometry
+    for panel in panels:
+        title, modebar = panel["title"], panel["modebar"]
+        assert title is not None and modebar is not None, panel
+        assert not _overlap(title, modebar), panel  # the mode bar covers no title
+        assert panel["box"][1] <= title[1] and title[3] <= panel["box"][3]

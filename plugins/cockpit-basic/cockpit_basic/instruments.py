@@ -13,12 +13,12 @@ import numpy as np
 from cockpit_basic.lr_relation import headroom, learning_rates, lr_relation
 from cockpit_core.dashboard import (
     Instrument,
-    ema,
     last,
     metric_series,
     param_names,
     per_param_series,
     series,
+    smooth,
 )
 from cockpit_core.dashboard.style import (
     MUTED,
@@ -31,20 +31,25 @@ from cockpit_core.dashboard.style import (
 )
 
 
-def _log_if_wide(ax: Any, values: np.ndarray) -> None:
-    """Log y-scale when values are positive and span more than a factor of 20."""
+def _log_if_wide(ax: Any, values: np.ndarray) -> bool:
+    """Log y-scale when values are positive and span more than a factor of 20; ``True`` if so.
+
+    The panel's moving average is then taken in log scale too (:func:`smooth`).
+    """
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if positive(v) and v.max() / v.min() > 20:
         ax.set_yscale("log")
+        return True
+    return False
 
 
 def draw_loss(ax: Any, output: Any, header: Any) -> None:
-    """Mini-batch loss (grey) and its exponential moving average (blue)."""
+    """Mini-batch loss (grey) and its moving average over the tracked points (blue)."""
     steps, loss = series(output, "loss", None)
     ax.plot(steps, loss, color=MUTED, lw=0.7, alpha=0.8, label="mini-batch loss")
-    line(ax, steps, ema(loss, 0.1), color=PRIMARY, label="moving average")
-    _log_if_wide(ax, loss)
+    logy = _log_if_wide(ax, loss)
+    line(ax, steps, smooth(loss, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="loss", legend=True)
 
 
@@ -144,12 +149,11 @@ def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = upd[iu] / gnorm[ig]
     ax.plot(common, ratio, color=MUTED, lw=0.7, label=r"$\|\Delta\theta\| / \|g\|$")
-    line(ax, common, ema(ratio), color=PRIMARY, label="moving average")
-    shown = [ratio]
-    for steps, lr, label in learning_rates(output):
+    rates = learning_rates(output)
+    logy = _log_if_wide(ax, np.concatenate([ratio, *(lr for _, lr, _ in rates)]))
+    line(ax, common, smooth(ratio, log=logy), color=PRIMARY, label="moving average")
+    for steps, lr, label in rates:
         ax.step(steps, lr, where="post", color=SECONDARY, ls="--", lw=1.2, label=label)
-        shown.append(lr)
-    _log_if_wide(ax, np.concatenate(shown))
     finish(ax, ylabel=r"$\|\Delta\theta\| / \|g\|$")
     headroom(ax, 0.45)  # caption and legend above the data
     ax.legend(fontsize=6.5, loc="upper right", bbox_to_anchor=(1.0, 0.82), framealpha=0.7)
@@ -169,8 +173,8 @@ def draw_grad_norm(ax: Any, output: Any, header: Any) -> None:
     """Total gradient norm over steps with a moving average."""
     steps, norm = series(output, "grad_norm")
     ax.plot(steps, norm, color=MUTED, lw=0.7, alpha=0.8, label=r"$\|g\|$")
-    line(ax, steps, ema(norm), color=PRIMARY, label="moving average")
-    _log_if_wide(ax, norm)
+    logy = _log_if_wide(ax, norm)
+    line(ax, steps, smooth(norm, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="gradient norm", legend=True)
 
 

@@ -14,15 +14,25 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, ema, param_names, per_param_series, series, values
+from cockpit_core.dashboard import (
+    Instrument,
+    param_names,
+    per_param_series,
+    series,
+    smooth,
+    values,
+)
 from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, SECONDARY, finish, line, positive
 
 
-def _log_if_wide(ax: Any, vals: np.ndarray) -> None:
+def _log_if_wide(ax: Any, vals: np.ndarray) -> bool:
+    """Log y-scale when values are positive and span more than a factor of 20; ``True`` if so."""
     v = np.asarray(vals, dtype=float)
     v = v[np.isfinite(v)]
     if positive(v) and v.max() / v.min() > 20:
         ax.set_yscale("log")
+        return True
+    return False
 
 
 def _eigenvalue(value: Any) -> float:
@@ -62,7 +72,8 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
             label="next eigenvalues" if j == 1 else None,
         )
     ax.plot(steps, lam, color=MUTED, lw=0.7, marker=".", ms=2, label=r"$\lambda_{max}$")
-    line(ax, steps, ema(lam), color=PRIMARY, label="moving average")
+    logy = _log_if_wide(ax, lam)
+    line(ax, steps, smooth(lam, log=logy), color=PRIMARY, label="moving average")
     missed = [
         i
         for i, (_, v) in enumerate(entries)
@@ -70,7 +81,6 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
     ]
     if missed:
         ax.plot(steps[missed], lam[missed], "o", mfc="none", color=BAD, ms=5, label="not converged")
-    _log_if_wide(ax, lam)
     finish(ax, ylabel=r"$\lambda_{max}(H)$", legend=True)
 
 

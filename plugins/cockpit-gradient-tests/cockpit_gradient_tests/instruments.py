@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, ema, last, scalar, series
+from cockpit_core.dashboard import Instrument, last, scalar, series, smooth
 from cockpit_core.dashboard.style import (
     BAD,
     MUTED,
@@ -29,11 +29,14 @@ TESTS = (
 )
 
 
-def _log_if_wide(ax: Any, values: np.ndarray) -> None:
+def _log_if_wide(ax: Any, values: np.ndarray) -> bool:
+    """Log y-scale when values are positive and span more than a factor of 20; ``True`` if so."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if positive(v) and v.max() / v.min() > 20:
         ax.set_yscale("log")
+        return True
+    return False
 
 
 def draw_gradient_tests(ax: Any, output: Any, header: Any) -> None:
@@ -93,11 +96,11 @@ def _sparse_symlog_ticks(geo: Any) -> None:
 
 
 def draw_mean_gsnr(ax: Any, output: Any, header: Any) -> None:
-    """Mean gradient signal-to-noise ratio with a moving average."""
+    """Mean gradient signal-to-noise ratio with a moving average (geometric on a log axis)."""
     steps, gsnr = series(output, "mean_gsnr")
     ax.plot(steps, gsnr, color=MUTED, lw=0.7, label="GSNR")
-    line(ax, steps, ema(gsnr), color=PRIMARY, label="moving average")
-    _log_if_wide(ax, gsnr)
+    logy = _log_if_wide(ax, gsnr)
+    line(ax, steps, smooth(gsnr, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="mean GSNR", legend=True)
 
 
@@ -105,8 +108,7 @@ def draw_early_stopping(ax: Any, output: Any, header: Any) -> None:
     """The evidence-based criterion; above 0 (red) the gradient is indistinguishable from noise."""
     steps, crit = series(output, "early_stopping")
     ax.plot(steps, crit, color=MUTED, lw=0.7, label="criterion")
-    smooth = ema(crit)
-    line(ax, steps, smooth, color=PRIMARY, label="moving average")
+    line(ax, steps, smooth(crit), color=PRIMARY, label="moving average")
     ax.axhline(0.0, color=BAD, lw=0.9, ls="--")
     finite = crit[np.isfinite(crit)]
     if finite.size and finite.max() > 0:
@@ -118,8 +120,8 @@ def draw_cabs(ax: Any, output: Any, header: Any) -> None:
     """Batch size suggested by CABS over steps."""
     steps, size = series(output, "cabs")
     ax.plot(steps, size, color=MUTED, lw=0.7, label="suggested")
-    line(ax, steps, ema(size), color=PRIMARY, label="moving average")
-    _log_if_wide(ax, size)
+    logy = _log_if_wide(ax, size)
+    line(ax, steps, smooth(size, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="batch size", legend=True)
 
 
