@@ -389,7 +389,8 @@ def _delivered(
         reasons = tuple(dict.fromkeys(r for s in stats for r in router.reasons(s.kind, i)))
         group = groups.setdefault((served, reasons, tuple(dict.fromkeys(notes))), ([], []))
         group[0].append(name)
-        group[1].extend(described(router, i, [provider for _, provider in served]))
+        # how the copy's providers served it at the step (e.g. where a broadcast was captured)
+        group[1].extend(described(run.tracker.router, i, [provider for _, provider in served]))
     return tuple(ParamRoute(tuple(n), s, r, tuple(h), t) for (s, r, t), (n, h) in groups.items())
 
 
