@@ -189,7 +189,10 @@ class BroadcastMode(TorchFunctionMode):
         tensors = _tensors(args, kwargs)
         if not any(id(a) in self._tracked for a in tensors):
             return func(*args, **kwargs)
-        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        try:
+            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        except RuntimeError:  # the operation raises its own error
+            return func(*args, **kwargs)
         target = args[0] if func in _IN_PLACE and args else None
         new_args = list(args)
         for k, a in enumerate(args):

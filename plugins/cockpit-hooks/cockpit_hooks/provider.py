@@ -88,7 +88,7 @@ class HooksProvider(StatisticProvider):
         self._collection: Collection | None = None
         self._suspended = False
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        self._verified: set[int] = set()  # mean of per-sample gradients == autograd's
+        self._verified: dict[int, str] = {}  # how it was served when the mean was compared
         self._unseen: dict[int, str] = {}  # parameters with uses the hooks do not see
         self._how: dict[int, str] = {}  # how each direct parameter was served last
         self._failures: dict[tuple[str, str], dict[str, list[str]]] = {}  # of this step
@@ -101,7 +101,7 @@ class HooksProvider(StatisticProvider):
         super().attach(model, loss_fn)
         self._servings = find_servings(model, self._index)
         self._module_names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
-        self._verified, self._unseen, self._how = set(), {}, {}
+        self._verified, self._unseen, self._how = {}, {}, {}
 
     def supports(self, slot: ParamSlot, kind: Any) -> str | None:
         """Every per-sample kind, for parameters a rule or a broadcast capture can serve."""
@@ -365,14 +365,15 @@ class HooksProvider(StatisticProvider):
             formed = self._per_sample(i, col, samples)
             if formed is None:
                 return  # reported after backward (the hooks saw no use)
-            grads, every_step = formed
+            grads, how = formed
             if total is not None:
                 # autograd's gradient of this pass is the mean of the per-sample gradients
-                # (times B_k / B and the loss scale): compare, then reuse it, so eager
+                # (times B_k / B and the loss scale): compare whenever the parameter is
+                # served another way than at the last comparison, then reuse it, so eager
                 # projections need no extra contraction ``d^T a`` per layer
                 mean = total * (col.per_sample_scale / samples)
-                if every_step or i not in self._verified:
-                    self._verify(i, grads.mean(), mean, self._coarsest(i, total))
+                if self._verified.get(i) != how:
+                    self._verify(i, how, grads.mean(), mean, self._coarsest(i, total))
                 grads.mean = lambda mean=mean: mean  # type: ignore[method-assign]
         except Exception as err:  # never break backward(): report the statistic missing
             self._fail(col, i, str(err))
@@ -387,8 +388,8 @@ class HooksProvider(StatisticProvider):
 
     def _per_sample(
         self, i: int, col: Collection, samples: int
-    ) -> tuple[PerSampleGrads, bool] | None:
-        """Parameter ``i``'s per-sample gradients, and whether to verify them at every step.
+    ) -> tuple[PerSampleGrads, str] | None:
+        """Parameter ``i``'s per-sample gradients, and how they were formed (:meth:`describe`).
 
         ``None`` when the backward pass reached none of its uses.
         """
@@ -418,19 +419,18 @@ class HooksProvider(StatisticProvider):
                 parts.append(serving.rule.per_sample(serving.owner, serving.attr, pieces, samples))
         if not parts:
             return None
-        broadcast = [s for s in sites if s.broadcast]
         if direct is not None:
-            self._how[i] = direct.generic.rule.name(direct.module)  # type: ignore[union-attr]
-        elif broadcast:
-            self._how[i] = (
-                f"{self.describe_rules(i)}, its output captured where broadcast into the batch"
-            )
-        every_step = direct is not None or bool(broadcast)
-        return (parts[0] if len(parts) == 1 else TiedGrads(parts)), every_step
+            how = direct.generic.rule.name(direct.module)  # type: ignore[union-attr]
+        elif any(s.broadcast for s in sites):
+            how = f"{self.describe_rules(i)}, its output captured where broadcast into the batch"
+        else:
+            how = self.describe_rules(i)
+        self._how[i] = how
+        return (parts[0] if len(parts) == 1 else TiedGrads(parts)), how
 
     def _direct_per_sample(
         self, i: int, col: Collection, sites: list[Site], samples: int, factor: float
-    ) -> tuple[PerSampleGrads, bool] | None:
+    ) -> tuple[PerSampleGrads, str] | None:
         """A direct parameter whose every use was captured: at broadcasts, in functionals."""
         direct = self._servings.direct[i]
         parts: list[PerSampleGrads] = []
@@ -449,7 +449,7 @@ class HooksProvider(StatisticProvider):
         if not parts:
             return None
         self._how[i] = " + ".join(how)
-        return (parts[0] if len(parts) == 1 else TiedGrads(parts)), True
+        return (parts[0] if len(parts) == 1 else TiedGrads(parts)), self._how[i]
 
     def _piece(self, site: Site, rule: Rule, samples: int, factor: float) -> tuple[Any, Tensor]:
         """``(saved, output gradient)`` of one use for its rule, scaled to the micro-batch."""
@@ -474,12 +474,15 @@ class HooksProvider(StatisticProvider):
         dtypes = [s.grad.dtype for s in self._state.sites_of(i) if s.grad is not None]
         return max([total.dtype, *dtypes], key=lambda t: torch.finfo(t).eps)
 
-    def _verify(self, i: int, predicted: Tensor, mean: Tensor, dtype: torch.dtype) -> None:
+    def _verify(
+        self, i: int, how: str, predicted: Tensor, mean: Tensor, dtype: torch.dtype
+    ) -> None:
         """Compare the uses' mean gradient with autograd's; remember a mismatch.
 
-        ``dtype``: the coarsest dtype of the gradients the uses were formed from.
+        ``how``: how the parameter was served (see :meth:`describe`); ``dtype``: the
+        coarsest dtype of the gradients the uses were formed from.
         """
-        self._verified.add(i)
+        self._verified[i] = how
         err = gradient_mismatch(predicted, mean)
         if err > mismatch_tolerance(dtype):
             self._unseen[i] = (
