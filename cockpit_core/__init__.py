@@ -28,6 +28,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
         MissingInfoError,
         MisuseError,
         RequirementConflictError,
+        StateError,
         UnknownInstrumentError,
         UnknownNameError,
         UnknownPresetError,
@@ -37,7 +38,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     )
     from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
     from cockpit_core.log import read_log
-    from cockpit_core.quantity import Quantity, QuantityConfig, TwoStepQuantity
+    from cockpit_core.quantity import Quantity, QuantityConfig, ResumeContext, TwoStepQuantity
     from cockpit_core.registry import Registry, default_registry
     from cockpit_core.requirements import (
         BATCH_DOT,
@@ -77,6 +78,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "Quantity": "cockpit_core.quantity",
     "QuantityConfig": "cockpit_core.quantity",
     "TwoStepQuantity": "cockpit_core.quantity",
+    "ResumeContext": "cockpit_core.quantity",
     "StepContext": "cockpit_core.context",
     "Cache": "cockpit_core.cache",
     "EveryN": "cockpit_core.schedules",
@@ -118,6 +120,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "MissingInfoError": "cockpit_core.errors",
     "MisuseError": "cockpit_core.errors",
     "RequirementConflictError": "cockpit_core.errors",
+    "StateError": "cockpit_core.errors",
     "UnsupportedModelError": "cockpit_core.errors",
     "UnknownNameError": "cockpit_core.errors",
     "UnknownQuantityError": "cockpit_core.errors",

@@ -18,10 +18,17 @@ those of a single backward pass.
 Requests (``cp(step, *requests, accumulate=True)``, e.g. BackPACK extensions) run in every
 micro-batch's backward pass; what they leave on the parameters is the provider's business
 (BackPACK overwrites its results at each backward: the last micro-batch's remain).
+
+The per-sample scaling needs ``B`` during the first micro-batch's backward pass. Given
+``info={"batch_size": B}`` it is known; else cockpit reads it from the first micro-batch
+(:func:`batch_from_share`): its loss ``loss_1 = (B_1 / B) mean_1`` and its per-sample
+losses (whose mean is ``mean_1``) give ``B = B_1 mean_1 / loss_1``. The step's batch size
+is then the sum of the micro-batches' sizes, which must equal ``B``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +45,35 @@ def micro_batch_size(info: dict[str, Any]) -> int:
     if "individual_losses" in info:
         return len(info["individual_losses"])
     return 0
+
+
+def batch_from_share(loss: Any, losses: Any, samples: int) -> tuple[int, str]:
+    """The step's batch size ``B`` that a micro-batch's loss scaling implies, or why none.
+
+    ``loss`` is the micro-batch's backpropagated loss ``(B_k / B) mean_k``, ``losses`` its
+    ``samples`` per-sample losses (their mean ``mean_k``): ``B = B_k mean_k / loss``,
+    accepted if it is a whole number (to ``1e-3``) of at least ``B_k``.
+
+    Returns:
+        ``(B, "")``, or ``(0, why)``.
+
+    """
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        return 0, "the micro-batch's loss is unknown (run.micro_batch(loss=loss))"
+    if not isinstance(losses, torch.Tensor) or not samples or losses.numel() != samples:
+        return 0, "cockpit does not know the micro-batch's per-sample losses"
+    value = float(loss.detach().double())
+    mean = float(losses.detach().double().mean())
+    if not (math.isfinite(value) and math.isfinite(mean)) or value == 0.0 or mean == 0.0:
+        return 0, f"its loss ({value:.6g}) and mean per-sample loss ({mean:.6g}) tell no ratio"
+    total = samples * mean / value
+    whole = round(total)
+    if whole < samples or abs(total - whole) > 1e-3 * max(whole, 1):
+        return 0, (
+            f"its loss ({value:.6g}) is not its mean per-sample loss ({mean:.6g}) times "
+            f"B_k / B for a whole number B >= B_k = {samples}"
+        )
+    return whole, ""
 
 
 def merge_stats(

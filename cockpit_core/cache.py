@@ -64,6 +64,10 @@ class Cache:
             del self._entries[k]
         return dead
 
+    def entries(self, owner: str) -> dict[str, tuple[Any, int | None]]:
+        """``{key: (value, expires_after)}`` of ``owner``'s entries (what a checkpoint keeps)."""
+        return {k: (e.value, e.expires_after) for (o, k), e in self._entries.items() if o == owner}
+
     def remove_owner(self, owner: str) -> None:
         """Drop every entry of ``owner`` (used when a quantity is disabled)."""
         for k in [k for k in self._entries if k[0] == owner]:

@@ -3,9 +3,10 @@
 A sample is either a callable ``sample(model) -> loss`` (the mean loss, or the per-sample
 losses ``[B]``: the most general form, e.g. ``lambda m: m(input_ids=x, labels=x).loss``)
 or a batch, ``inputs`` alone or ``(inputs, targets)``, whose loss is named
-(:data:`PER_SAMPLE_LOSSES`) or given as a callable ``loss(outputs, targets)``.
-:func:`sample_spec` checks it once; :func:`evaluate` runs it on the model copy of the
-check (:mod:`cockpit_core.check_run`).
+(:data:`PER_SAMPLE_LOSSES`, the per-sample losses of :mod:`cockpit_core.losses`, which
+training uses too) or given as a callable ``loss(outputs, targets)``. :func:`sample_spec`
+checks it once; :func:`evaluate` runs it on the model copy of the check
+(:mod:`cockpit_core.check_run`).
 """
 
 from __future__ import annotations
@@ -15,65 +16,36 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 import cockpit_core
 from cockpit_core.errors import MisuseError
+from cockpit_core.losses import PER_SAMPLE_LOSSES, logits_of
 
 Sample = Union[Callable[[torch.nn.Module], Tensor], Tensor, Mapping[str, Any], Sequence[Any]]
 """What ``cp.check(model, sample=...)`` takes: a callable, or a batch."""
 
 
-def per_sample_cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:
-    """Cross-entropy per sample ``[B]``; with a sequence axis, the mean over its tokens.
-
-    Class scores ``[B, C]``, ``[B, T, C]`` (the language-model layout: targets ``[B, T]``)
-    or ``[B, C, ...]`` (PyTorch's layout). Targets ``-100`` are ignored, as by
-    ``F.cross_entropy``.
-    """
-    if outputs.dim() > 2 and targets.shape == outputs.shape[:-1]:
-        outputs = outputs.movedim(-1, 1)  # [B, T, C] -> [B, C, T]: PyTorch's class dimension
-    losses = F.cross_entropy(outputs, targets, reduction="none")
-    if losses.dim() == 1:
-        return losses
-    losses = losses.flatten(1)
-    if targets.is_floating_point():  # class probabilities
-        return losses.mean(1)
-    kept = (targets != -100).flatten(1).to(losses.dtype)
-    return (losses * kept).sum(1) / kept.sum(1).clamp(min=1)
-
-
-def per_sample_mse(outputs: Tensor, targets: Tensor) -> Tensor:
-    """Squared error per sample ``[B]``: the mean over its entries (their mean is ``MSELoss()``)."""
-    losses = F.mse_loss(outputs, targets, reduction="none")
-    return losses.flatten(1).mean(1) if losses.dim() > 1 else losses
-
-
-PER_SAMPLE_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "cross_entropy": per_sample_cross_entropy,
-    "mse": per_sample_mse,
-}
-"""The losses a batch may name: ``loss(outputs, targets) -> [B]``."""
-
-
 def random_targets(outputs: Tensor, loss: str) -> Tensor:
     """Targets for ``outputs`` when a batch brings none.
 
-    Class ids for ``cross_entropy`` (class scores on the last dimension), normal noise for
-    ``mse``.
+    Class ids for ``cross_entropy`` and ``causal_lm`` (class scores on the last
+    dimension), zeros and ones for ``bce_with_logits``, normal noise for ``mse``.
     """
     outputs = outputs.detach()
-    if loss == "cross_entropy":
+    if loss in ("cross_entropy", "causal_lm"):
         return torch.randint(outputs.shape[-1], outputs.shape[:-1], device=outputs.device)
+    if loss == "bce_with_logits":
+        return torch.randint_like(outputs, 2)
     return torch.randn_like(outputs)
 
 
 MEAN_MODULES: dict[str, type[torch.nn.Module]] = {
     "cross_entropy": torch.nn.CrossEntropyLoss,
     "mse": torch.nn.MSELoss,
+    "bce_with_logits": torch.nn.BCEWithLogitsLoss,
 }
-"""The ``torch.nn`` loss of each named loss: their mean, as a module (BackPACK needs one)."""
+"""The ``torch.nn`` loss of a named loss: their mean, as a module (BackPACK needs one)."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +157,9 @@ def evaluate(spec: SampleSpec, model: torch.nn.Module) -> Evaluated:
             losses = spec.loss(outputs, targets)
             # the loss module where it is the mean of the per-sample losses (BackPACK's
             # curvature starts from it), else their mean
-            whole = spec.mean is not None and (spec.loss_name == "mse" or outputs.dim() == 2)
+            whole = spec.mean is not None and (
+                spec.loss_name != "cross_entropy" or outputs.dim() == 2
+            )
             mean = spec.mean(outputs, targets) if whole else losses.mean()  # type: ignore[misc]
             return Evaluated(mean, losses, len(losses), spec.inputs, targets)
         value = spec.loss(outputs) if targets is None else spec.loss(outputs, targets)
@@ -224,21 +198,21 @@ def _call(model: torch.nn.Module, inputs: Any) -> Any:
 
 def _scores(outputs: Any) -> Any:
     """What a named loss reads: the output, its ``logits`` (Hugging Face), a tuple's first item."""
-    if isinstance(outputs, Tensor):
+    try:
+        return logits_of(outputs)
+    except TypeError:
         return outputs
-    if hasattr(outputs, "logits"):
-        return outputs.logits
-    if isinstance(outputs, (tuple, list)) and outputs:
-        return outputs[0]
-    return outputs
 
 
-def _module(name: str) -> torch.nn.Module:
+def _module(name: str) -> torch.nn.Module | None:
     """The loss module of ``name``, extended for BackPACK when cockpit-backpack is installed.
 
     BackPACK's curvature (``diag_hessian``, ``diag_ggn``) starts at an extended loss module,
     as in training with ``extend(nn.CrossEntropyLoss())``; other providers ignore it.
+    ``None`` for a loss without one (``causal_lm``: the mean of the per-sample losses).
     """
+    if name not in MEAN_MODULES:
+        return None
     module = MEAN_MODULES[name]()
     try:
         extend = cockpit_core.extend
@@ -252,6 +226,7 @@ def _plain_name(loss: Any) -> str | None:
     for name, cls in MEAN_MODULES.items():
         if type(loss) is cls and loss.reduction == "mean":
             plain = getattr(loss, "weight", None) is None
+            plain = plain and getattr(loss, "pos_weight", None) is None
             plain = plain and getattr(loss, "label_smoothing", 0.0) == 0.0
             return name if plain and getattr(loss, "ignore_index", -100) == -100 else None
     return None

@@ -36,14 +36,20 @@ from cockpit_core.errors import ConfigError, MisuseError
 from cockpit_core.log import LogWriter
 from cockpit_core.metrics import METRICS_KEY, clean_metrics
 from cockpit_core.normalize import check_unique_keys, split_params
-from cockpit_core.quantity import Quantity
+from cockpit_core.observe import ForwardObserver, LossSpec, loss_spec
+from cockpit_core.quantity import Quantity, ResumeContext
 from cockpit_core.registry import Registry, default_registry
+from cockpit_core.state import LoadReport, load_state, save_state
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.step import StepRun
 from cockpit_core.tracker import Record, Sink, Tracker
 
 _PYTHON_OBJECTS = ("quantities", "sinks", "live_plot")
 """Settings that may hold Python objects in the constructor; checked when they are resolved."""
+
+TRAINING_OBJECTS = ("loss_fn", "optimizer")
+"""Constructor arguments that are objects of the training script, like the model, not
+settings: no config file holds them (:meth:`Cockpit.from_config` passes them through)."""
 
 
 class Cockpit:
@@ -52,10 +58,21 @@ class Cockpit:
     Args:
         params: The model's parameters: ``model.parameters()``, ``model.named_parameters()``
             (names then appear in messages and logs) or the model itself (then it is
-            attached: :meth:`attach` without a per-sample loss).
+            attached, :meth:`attach`, and cockpit observes its forward passes: the batch
+            size, the targets and, with ``loss_fn``, the per-sample losses of each step).
         quantities: A preset name (``"economy"``, ``"business"``, ``"full"``), or a list of
             quantity names, presets, option dicts (``{"name": "hess_max_ev", "every": 10}``),
             Quantity classes or instances.
+        loss_fn: The loss of training, so that cockpit computes the per-sample losses
+            ``info["individual_losses"]`` itself (needs the model as ``params``): the loss
+            module the loop calls (``nn.CrossEntropyLoss()``, ``nn.MSELoss()``,
+            ``nn.BCEWithLogitsLoss()``, any module with a ``reduction`` attribute; its
+            calls are observed), a name (``"cross_entropy"``, ``"causal_lm"``, ``"mse"``,
+            ``"bce_with_logits"``: :mod:`cockpit_core.losses`) or a callable
+            ``loss_fn(outputs, targets)`` returning the per-sample losses ``[B]``. It also
+            serves the ``torch.func`` provider (:meth:`attach`). See
+            ``docs/quickstart.md``.
+        optimizer: The training optimizer (``info["optimizer"]`` at every step).
         on_error: What to do when a quantity raises: ``"warn"`` (record the error, warn,
             keep tracking), ``"disable"`` (record, warn, stop tracking it) or ``"raise"``.
         debug: Print what is computed at each step.
@@ -96,16 +113,19 @@ class Cockpit:
 
     Example::
 
-        cp = Cockpit(model.named_parameters(), quantities=["loss", "grad_norm"])
+        loss_fn = torch.nn.CrossEntropyLoss()
+        cp = Cockpit(model, "economy", loss_fn=loss_fn, optimizer=opt)
         for step, (x, y) in enumerate(loader):
             opt.zero_grad()
-            losses = loss_fn_per_sample(model(x), y)
-            loss = losses.mean()
-            with cp(step, info={"loss": loss, "individual_losses": losses,
-                                "batch_size": len(x), "optimizer": opt}):
-                loss.backward(retain_graph=cp.retain_graph(step))
+            loss = loss_fn(model(x), y)
+            with cp(step, loss=loss):
+                loss.backward()
             opt.step()
         cp.get_output()   # {step: {"loss": ..., "grad_norm": ...}}
+
+    Everything the quantities need can also be passed at each step, as before:
+    ``with cp(step, info={"loss": loss, "individual_losses": losses, "batch_size":
+    len(x), "optimizer": opt}): loss.backward(retain_graph=cp.retain_graph(step))``.
 
     """
 
@@ -116,6 +136,8 @@ class Cockpit:
         | torch.nn.Module,
         quantities: QuantitySpec | Iterable[QuantitySpec] = "economy",
         *,
+        loss_fn: str | Callable[..., torch.Tensor] | torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         on_error: str = "warn",
         debug: bool = False,
         log: str | Path | None = None,
@@ -146,6 +168,15 @@ class Cockpit:
         if isinstance(params, torch.nn.Module):  # torch.compile(model): the model's own names
             params = uncompiled(params)
         model = params if isinstance(params, torch.nn.Module) else None
+        spec = _resolve_loss(loss_fn, "Cockpit(..., loss_fn=...)")
+        if spec is not None and model is None:
+            raise MisuseError(
+                "Cockpit(..., loss_fn=...) needs the model, whose forward passes cockpit "
+                "observes: pass Cockpit(model, ...) instead of its parameters, or call "
+                "cp.attach(model, loss_fn)."
+            )
+        self._optimizer = _checked_optimizer(optimizer)
+        self._loss_fn = loss_fn
         self.params, self.param_names = split_params(params)
         self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
         check_unique_keys(self.quantities, _source)
@@ -185,8 +216,10 @@ class Cockpit:
             )
         except ConfigError as err:
             raise ConfigError(err.errors, _source) from None
+        observer = ForwardObserver()
         if model is not None:
-            router.attach(model)
+            router.attach(model, spec.for_func if spec is not None else None)
+            observer.attach(model, spec)
         self._router = router
         self._provider_settings: dict[str, Any] = {  # for the throwaway Cockpit of check
             "backend": backend,
@@ -207,6 +240,7 @@ class Cockpit:
             debug=debug,
             keep_in_memory=keep_in_memory,
             diagnoses=runner,
+            observer=observer,
         )
         self._tracker.emit({"kind": "header", **self.header()})
         if model is not None:  # attached as by attach(model): attention in the math kernel
@@ -225,7 +259,8 @@ class Cockpit:
     ) -> Cockpit:
         """Build a Cockpit from a TOML/YAML/JSON file or a dict (see ``docs/configuration.md``).
 
-        Keyword ``overrides`` replace options of the file.
+        Keyword ``overrides`` replace options of the file; ``loss_fn`` and ``optimizer``,
+        objects of the training script, are passed to the constructor as they are.
         """
         source = None
         if isinstance(config, (str, Path)):
@@ -233,28 +268,26 @@ class Cockpit:
             data = load_config_file(config)
         else:
             data = dict(config)
+        objects = {k: overrides.pop(k) for k in TRAINING_OBJECTS if k in overrides}
         data.update(overrides)
         settings = parse_settings(
             data, source, registry if registry is not None else default_registry()
         )
         options = {name: getattr(settings, name) for name in CockpitSettings.model_fields}
-        return cls(params, **options, registry=registry, _source=source)
+        return cls(params, **options, **objects, registry=registry, _source=source)
 
     def header(self) -> Record:
         """Versions of the core and plugins, the quantities and a parameter summary."""
         from cockpit_core import __version__
 
         tracker = getattr(self, "_tracker", None)  # None while the constructor runs
-        added_at = {} if tracker is None else tracker.added_at
+        listed = self.quantities if tracker is None else tracker.listed
         return {
             "cockpit_core": __version__,
             "plugins": {p.distribution: p.version for p in self.registry.plugins if p.ok},
             "quantities": [
-                {
-                    **quantity_entry(q),
-                    **({"added_at": added_at[q.key]} if q.key in added_at else {}),
-                }
-                for q in self.quantities
+                {**quantity_entry(q), **({} if tracker is None else tracker.marks(q))}
+                for q in listed
             ],
             "params": [
                 {"name": n, "shape": list(p.shape), "numel": p.numel()}
@@ -268,10 +301,29 @@ class Cockpit:
         self,
         step: int,
         *requests: Any,
+        loss: torch.Tensor | None = None,
         info: Mapping[str, Any] | None = None,
         accumulate: bool = False,
     ) -> contextlib.AbstractContextManager:
         """Context manager around ``loss.backward()`` for ``step``.
+
+        ``with cp(step, loss=loss): loss.backward()`` is all a loop needs when cockpit
+        knows the model (``Cockpit(model, ...)``), the loss (``loss_fn=``, for quantities
+        that need per-sample losses) and the optimizer (``optimizer=``): it takes the
+        batch size, the targets and the per-sample losses from the step's forward pass
+        (:mod:`cockpit_core.observe`), and keeps the graph for Hessian-vector products
+        without ``retain_graph`` (:mod:`cockpit_core.keep_graph`). ``cp(step, loss=loss,
+        info={...})`` merges: ``info`` entries win key by key over what cockpit observed.
+        ``cp(step, info={...})`` alone works as it always did: ``info`` (and the
+        constructor's ``optimizer``) is all the step gets (``docs/quickstart.md``).
+
+        A quantity whose ``info`` is incomplete: in the short form (``loss=`` given, or no
+        ``info``), it fails at the step through ``on_error`` (recorded in
+        :attr:`errors`, training continues; ``"raise"`` raises), with what cockpit could
+        not observe and what to pass; with ``info=`` alone the block raises
+        :class:`~cockpit_core.errors.MissingInfoError` when it begins, unless the quantity
+        was added with :meth:`add` (which never stops training: it fails through
+        ``on_error`` as in the short form).
 
         ``requests`` are computed in the same backward pass by the statistics provider
         that accepts them, e.g. BackPACK extensions, as in Cockpit 1.0.2's
@@ -284,10 +336,19 @@ class Cockpit:
         accumulation): wrap each micro-batch's ``backward()`` in ``run.micro_batch(info)``
         where ``run`` is what the ``with`` statement binds (``docs/distributed.md``).
 
+        Args:
+            step: The global step number (increasing).
+            *requests: Objects for the statistics providers (e.g. BackPACK extensions).
+            loss: The loss ``backward()`` is called on (``info["loss"]``).
+            info: What the quantities need, given explicitly (wins over what cockpit
+                knows or observed).
+            accumulate: The step spans several micro-batches.
+
         Raises:
             MisuseError: No installed provider accepts one of ``requests`` (on entry).
 
         """
+        given = {"optimizer": self._optimizer} if self._optimizer is not None else {}
         return StepRun(
             self._tracker,
             step,
@@ -295,6 +356,9 @@ class Cockpit:
             accumulate=accumulate,
             requests=requests,
             attention=self._attention_hooks,
+            loss=loss,
+            given=given,
+            lenient=loss is not None or info is None,
         )
 
     def retain_graph(self, step: int) -> bool:
@@ -340,10 +404,13 @@ class Cockpit:
         "hess_max_ev", "every": 10}``), a Quantity class or instance, validated the same
         way. Call it between steps, before the forward pass of the next step, so that the
         statistics providers observe that pass; under ``torch.distributed`` call it on
-        every process. The ``info`` keys it needs are checked when the next step begins.
-        The log gets a ``quantity_added`` record and the header (of :meth:`header`,
-        :meth:`write`, ``read_run``) lists the quantity with ``added_at``, the first step
-        it applies to (``docs/log_format.md``).
+        every process. A quantity whose ``info`` the steps cannot give never stops
+        training: it fails at each step it would run through ``on_error`` (an error in
+        :attr:`errors` and the log saying what to pass; only ``on_error="raise"`` raises);
+        with ``info=`` its keys are checked when the next step begins. :meth:`remove`
+        stops tracking a quantity. The log gets a ``quantity_added`` record and the header
+        (of :meth:`header`, :meth:`write`, ``read_run``) lists the quantity with
+        ``added_at``, the first step it applies to (``docs/log_format.md``).
 
         Returns:
             The resolved quantity; its values appear under its ``key``.
@@ -371,6 +438,109 @@ class Cockpit:
             self._install_attention_hooks(model)
         tracker.emit({"kind": "quantity_added", "step": step, "quantity": quantity_entry(q)})
         return q
+
+    def remove(self, quantity: str) -> Quantity:
+        """Stop tracking a quantity from the next step on.
+
+        Call it between steps, like :meth:`add`. The quantity's pending two-step start and
+        its cached values are dropped, the statistics providers are armed anew for the
+        remaining quantities, the log gets a ``quantity_removed`` record, and the header
+        (of :meth:`header`, :meth:`write`, ``read_run``) keeps listing it, with
+        ``removed_at``, the first step it no longer applies to (``docs/log_format.md``).
+        A removed key may be added again with :meth:`add` (it then starts afresh).
+
+        Args:
+            quantity: The output key of a tracked quantity (its ``label``, else its name).
+
+        Returns:
+            The removed quantity.
+
+        Raises:
+            MisuseError: Called inside a ``with cp(step, ...)`` block, or no tracked
+                quantity has that key (the message lists the tracked keys).
+
+        """
+        tracker = self._tracker
+        if tracker.in_step:
+            raise MisuseError(
+                f"cp.remove({quantity!r}) called inside the `with cp({tracker.active_step}, "
+                "...)` block: remove quantities between steps (after the block); they stop "
+                "from the next step on."
+            )
+        keys = [q.key for q in self.quantities]
+        if quantity not in keys:
+            raise MisuseError(
+                f"cp.remove({quantity!r}): no tracked quantity has that key; tracked: "
+                f"{', '.join(keys) or '(none)'}."
+            )
+        q, step = tracker.remove(quantity)
+        if self._attention_hooks is not None and tracker.all_hvp_disabled():
+            self._attention_hooks.remove()  # no quantity left that needs the math kernel
+            self._attention_hooks = None
+        tracker.emit({"kind": "quantity_removed", "step": step, "quantity": quantity_entry(q)})
+        return q
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a training checkpoint needs of this Cockpit, to resume the run exactly.
+
+        Save it with the model and the optimizer, between steps::
+
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "cockpit": cp.state_dict()}, path)
+
+        It holds the last step and the schedule's stride, each quantity's options and what
+        it keeps across steps (``distance``'s origin, two-step starts, adapted histogram
+        ranges, Lanczos warm starts), the error policy's state, the diagnoses' windows and
+        findings, and the log's run number; only tensors, numbers, strings and lists and
+        dicts of them, so ``torch.load(path, weights_only=True)`` reads it
+        (:mod:`cockpit_core.state`, ``docs/quickstart.md``).
+
+        Raises:
+            MisuseError: Called inside a ``with cp(step, ...)`` block.
+
+        """
+        return save_state(self._tracker, self._log.run if self._log is not None else None)
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> LoadReport:
+        """Continue the run :meth:`state_dict` saved, before this Cockpit's first step.
+
+        Build the Cockpit as the saved run was built (the same quantities and options, and
+        ``log=`` the same path to continue its log), load the model and the optimizer,
+        then this; the next step must come after the saved run's last step. Every quantity
+        then continues as if training had not stopped. With a log, a ``resumed`` record
+        tells readers that the new run continues the earlier one (``read_run`` gives one
+        continuous run).
+
+        Args:
+            state: What :meth:`state_dict` returned (possibly through ``torch.save`` and
+                ``torch.load(..., weights_only=True)``).
+            strict: Refuse a state whose quantities or options differ from those tracked
+                now. With ``False`` such quantities start afresh (a tracked quantity the
+                state lacks starts as if added at the next step) and the rest continues.
+
+        Returns:
+            A :class:`~cockpit_core.state.LoadReport` of what did not continue (empty when
+            ``strict``).
+
+        Raises:
+            MisuseError: A step was tracked already, or inside a step block.
+            StateError: Not a Cockpit state, a newer layout, or (``strict``) quantities or
+                options that differ (the message lists them).
+
+        """
+        tracker = self._tracker
+        context = ResumeContext(
+            state.get("step") if isinstance(state, Mapping) else None,
+            self.params,
+            self.param_names,
+            self._optimizer,
+        )
+        report = load_state(tracker, state, context, strict)
+        if tracker.last_step is not None:
+            tracker.emit(
+                {"kind": "resumed", "step": tracker.last_step, "from_run": state.get("log_run")}
+            )
+        return report
 
     def log(self, step: int, **metrics: Any) -> None:
         """Record metrics that the training script measured, e.g. once per epoch.
@@ -415,27 +585,32 @@ class Cockpit:
     def attach(
         self,
         model: torch.nn.Module,
-        loss_fn: Callable[..., torch.Tensor] | None = None,
+        loss_fn: str | Callable[..., torch.Tensor] | torch.nn.Module | None = None,
         *,
+        optimizer: torch.optim.Optimizer | None = None,
         math_attention: bool = True,
     ) -> Cockpit:
-        """Register the model (and a per-sample loss): statistics for any model.
+        """Register the model (and the loss, the optimizer): statistics for any model.
 
         Knowing the model, cockpit routes each parameter to the cheapest provider that
         supports its module: module hooks (``cockpit-hooks``: linear layers with any
         leading dimensions, embeddings, normalization layers, convolutions, attention),
-        BackPACK, and ``torch.func`` for everything else. ``torch.func`` needs
-        ``loss_fn`` and the batch at every step: ``info={"inputs": x, "targets": y,
-        ...}``. ``cp.check(model)`` shows the routes. See ``docs/any_model.md``.
+        BackPACK, and ``torch.func`` for everything else. ``cp.check(model)`` shows the
+        routes. See ``docs/any_model.md``. Cockpit also observes the model's forward
+        passes (the batch size, the inputs and targets and, with ``loss_fn``, the
+        per-sample losses of each step), so that a loop needs only ``with cp(step,
+        loss=loss): loss.backward()`` (``docs/quickstart.md``).
 
         Args:
             model: The module whose forward pass produced the loss; it must own every
                 tracked parameter.
-            loss_fn: ``loss_fn(outputs, targets)`` on a batch returning the per-sample losses
-                ``[B]`` (e.g. ``torch.nn.CrossEntropyLoss(reduction="none")``) or their mean
-                (a mean-reduced loss evaluated on one sample is that sample's loss). Without
-                ``info["targets"]`` it is called as ``loss_fn(outputs)``. Only the
-                ``torch.func`` provider needs it.
+            loss_fn: The loss, as for the constructor's ``loss_fn``: a loss module the loop
+                calls, a name of :data:`cockpit_core.losses.PER_SAMPLE_LOSSES`, or
+                ``loss_fn(outputs, targets)`` on a batch returning the per-sample losses
+                ``[B]`` (for ``torch.func`` it may also return their mean: a mean-reduced
+                loss evaluated on one sample is that sample's loss). Without targets it
+                is called as ``loss_fn(outputs)``. ``None`` forgets an earlier loss.
+            optimizer: The training optimizer (``None``: keep the one given before).
             math_attention: While a tracked quantity needs Hessian-vector products, run
                 the model's ``scaled_dot_product_attention`` in the math kernel (fused
                 kernels have no double backward).
@@ -445,7 +620,8 @@ class Cockpit:
 
         Raises:
             MisuseError: ``model`` is not a module, does not own every tracked parameter,
-                or ``loss_fn`` is not callable.
+                ``loss_fn`` is neither a known name nor callable, or ``optimizer`` is not
+                an optimizer.
 
         """
         if not isinstance(model, torch.nn.Module):
@@ -453,13 +629,14 @@ class Cockpit:
                 f"cp.attach(model, loss_fn) needs a torch.nn.Module, got {type(model).__name__}."
             )
         model = uncompiled(model)
-        if loss_fn is not None and not callable(loss_fn):
-            raise MisuseError(
-                "cp.attach(model, loss_fn): loss_fn must be callable as loss_fn(outputs, "
-                "targets), e.g. torch.nn.CrossEntropyLoss(reduction='none')."
-            )
+        spec = _resolve_loss(loss_fn, "cp.attach(model, loss_fn)")
+        if optimizer is not None:
+            self._optimizer = _checked_optimizer(optimizer)
         tracker = self._tracker
-        self._router.attach(model, loss_fn)
+        self._router.attach(model, spec.for_func if spec is not None else None)
+        if tracker.observer is not None:
+            tracker.observer.attach(model, spec)
+        self._loss_fn = loss_fn
         last = tracker.last_step
         tracker.planner.prepare(last + 1 if last is not None else 0)
         if self._attention_hooks is not None:
@@ -550,22 +727,24 @@ class Cockpit:
                 )
             spec = sample_spec(sample, loss, router.loss_fn)
         if router.model is not model:  # routing needs it; arm its providers too
-            self.attach(model, router.loss_fn if router.model is None else None)
+            self.attach(model, self._loss_fn if router.model is None else None)
         report = check_model(self.quantities, model, router, self._math_attention)
         report = refuse_batch_norm(report, model, self.quantities, self.params)
         if spec is None:
             return report
-        step, params = run_sample_step(
-            model,
-            spec,
-            self.param_names,
-            self.params,
-            self.quantities,
-            router,
-            self._probe,
-            optimizer,
-            self._math_attention,
-        )
+        observer = self._tracker.observer
+        with observer.paused() if observer is not None else contextlib.nullcontext():
+            step, params = run_sample_step(
+                model,
+                spec,
+                self.param_names,
+                self.params,
+                self.quantities,
+                router,
+                self._probe,
+                optimizer,
+                self._math_attention,
+            )
         return dataclasses.replace(report, sample=step, params=params or report.params)
 
     def _probe(
@@ -660,4 +839,33 @@ class Cockpit:
 
         return plot(self, path, **options)
 
-    # -- checks ---------------------------------------------------------------------------
+
+# -- checks of the training objects ---------------------------------------------------------
+
+
+def _resolve_loss(loss_fn: Any, where: str) -> LossSpec | None:
+    """``loss_fn`` resolved (:func:`~cockpit_core.observe.loss_spec`).
+
+    Raises:
+        MisuseError: An unknown name, or neither a name nor a callable.
+
+    """
+    try:
+        return loss_spec(loss_fn)
+    except (ValueError, TypeError) as err:
+        raise MisuseError(f"{where}: {err}.") from None
+
+
+def _checked_optimizer(optimizer: Any) -> Any:
+    """``optimizer`` if it is one (has ``param_groups``) or ``None``.
+
+    Raises:
+        MisuseError: Something else.
+
+    """
+    if optimizer is not None and not hasattr(optimizer, "param_groups"):
+        raise MisuseError(
+            f"optimizer= must be the training optimizer (a torch.optim.Optimizer), got "
+            f"{type(optimizer).__name__}."
+        )
+    return optimizer

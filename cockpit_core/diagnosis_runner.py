@@ -100,6 +100,29 @@ class DiagnosisRunner:
         self._emitted.update((f.id, f) for f in changed)
         return new, changed
 
+    def state_dict(self) -> dict[str, Any]:
+        """The window and the findings reported so far (for a checkpoint; may hold numpy)."""
+        return {
+            "output": {step: dict(values) for step, values in self.output.items()},
+            "skipped": [dict(r) for r in self.skipped],
+            "cost": [dict(r) for r in self.cost],
+            "reported": [f.to_record() for f in self.reported.values()],
+            "emitted": [f.to_record() for f in self._emitted.values()],
+            "failed": sorted(self.failed),
+            "new_steps": sorted(self._new_steps),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: findings already reported are not reported again."""
+        self.output = {int(s): dict(v) for s, v in sorted(state.get("output", {}).items())}
+        self.skipped = [dict(r) for r in state.get("skipped", ())]
+        self.cost = [dict(r) for r in state.get("cost", ())]
+        reported = [Finding.from_record(r) for r in state.get("reported", ())]
+        self.reported = {f.id: f for f in reported}
+        self._emitted = {f.id: f for f in map(Finding.from_record, state.get("emitted", ()))}
+        self.failed = {str(name) for name in state.get("failed", ())}
+        self._new_steps = {int(s) for s in state.get("new_steps", ())}
+
     def _check(self) -> list[Finding]:
         self._new_steps.clear()
         window = Window(self.output, self.skipped, self.header, self.cost)

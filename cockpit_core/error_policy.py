@@ -181,6 +181,20 @@ class ErrorPolicy:
                 "cp.errors and the log; see docs/log_format.md for what can be logged.",
             )
 
+    def state_dict(self) -> dict[str, Any]:
+        """The errors, skipped steps and warned-once kinds so far (plain data, for a checkpoint)."""
+        return {
+            "errors": [dict(r) for r in self.errors],
+            "skipped": [dict(r) for r in self.skipped],
+            "warned": sorted([a, b] for a, b in self._warned),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: earlier records kept, warnings not repeated."""
+        self.errors[:0] = [dict(r) for r in state.get("errors", ())]
+        self.skipped[:0] = [dict(r) for r in state.get("skipped", ())]
+        self._warned |= {(str(a), str(b)) for a, b in state.get("warned", ())}
+
     def warn_once(self, kind: tuple[str, str], message: str, stacklevel: int = 5) -> None:
         """Warn ``message`` the first time a problem of ``kind`` occurs in this run.
 

@@ -110,5 +110,13 @@ class MisuseError(CockpitError):
     """The Cockpit object was used in a way that cannot give correct results."""
 
 
+class StateError(CockpitError, ValueError):
+    """A saved Cockpit state (``cp.load_state_dict``) does not fit this Cockpit.
+
+    The message names what differs (a quantity not tracked now, other options, another
+    version of the state's layout) and how to load it anyway (``strict=False``).
+    """
+
+
 class CockpitWarning(UserWarning):
     """Something went wrong that does not stop training (a quantity failed, a step was skipped)."""

@@ -177,8 +177,9 @@ def register_sinks(register: RegisterSink) -> None:
 
     Call ``register(name, factory, config=None, description="")``. ``factory(**options)``
     returns a callable ``sink(record)`` (optionally with a ``close()`` method) that gets the
-    header, values, error, skipped, metrics and quantity_added records (the layout of
-    ``docs/log_format.md``; it should ignore kinds it does not know). ``config`` is
+    header, values, error, skipped, metrics, quantity_added, quantity_removed and resumed
+    records, among others (the layout of ``docs/log_format.md``; it should ignore kinds it
+    does not know). ``config`` is
     an optional pydantic model (``extra="forbid"``) that validates the options. Users enable
     a sink by name: ``Cockpit(..., sinks=["tensorboard", {"name": "tensorboard",
     "log_dir": "runs/tb"}])``. A sink that raises is removed and training goes on.

@@ -1,4 +1,4 @@
-"""Which quantity phases run at a step, and which providers must watch its forward pass."""
+"""Which quantity phases run at a step, and who must watch its forward pass."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from cockpit_core.compiled import EagerStance
 from cockpit_core.errors import CockpitWarning
+from cockpit_core.observe import ForwardObserver, observed_keys
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import (
     MergedRequirements,
@@ -56,7 +57,10 @@ class Planner:
     tracked: after every step the planner predicts the next one (the last step plus the
     last stride between steps) and arms them only if that step needs them. While a
     forward pass is to be observed or differentiated twice, code compiled with
-    ``torch.compile`` runs eagerly (:mod:`cockpit_core.compiled`).
+    ``torch.compile`` runs eagerly (:mod:`cockpit_core.compiled`). The Cockpit's
+    :class:`~cockpit_core.observe.ForwardObserver` is armed the same way, with the ``info``
+    keys the predicted step takes from its forward pass (batch size, targets, per-sample
+    losses).
 
     Schedules (``Quantity.is_active``) and ``requirements()`` are plugin code: one that
     raises is reported through :attr:`report` (the error policy) and the quantity does not
@@ -65,6 +69,7 @@ class Planner:
     Args:
         quantities: The Cockpit's quantities.
         router: The Cockpit's statistics router.
+        observer: What watches the forward pass for ``info`` (``None``: nothing does).
 
     Attributes:
         report: ``report(quantity, step, phase, error)``, called when a schedule or
@@ -73,9 +78,15 @@ class Planner:
 
     """
 
-    def __init__(self, quantities: Sequence[Quantity], router: StatisticsRouter):
+    def __init__(
+        self,
+        quantities: Sequence[Quantity],
+        router: StatisticsRouter,
+        observer: ForwardObserver | None = None,
+    ):
         self.quantities = quantities
         self.router = router
+        self.observer = observer
         self._pending: dict[str, tuple[int, Any]] = {}  # two-step key -> (start step, state)
         self._disabled: set[str] = set()
         self._merged: dict[tuple, MergedRequirements] = {}
@@ -202,28 +213,98 @@ class Planner:
         """Two-step quantities between their start and end step."""
         return list(self._pending)
 
+    def pending(self, key: str) -> tuple[int, Any] | None:
+        """``(start step, start state)`` of two-step quantity ``key``, if it is pending."""
+        return self._pending.get(key)
+
+    # -- changing and resuming the run ------------------------------------------------------
+
+    def remove(self, key: str) -> None:
+        """Stop planning quantity ``key`` (``Cockpit.remove``, between steps).
+
+        Its pending start is dropped; the providers are armed anew for the remaining
+        quantities (for the predicted next step).
+        """
+        self.quantities = [q for q in self.quantities if q.key != key]
+        self._pending.pop(key, None)
+        self._disabled.discard(key)
+        stats: dict[tuple[str, str], Statistic] = {}
+        for q in self.quantities:
+            try:
+                for requirements in q.all_requirements():
+                    for stat in requirements.statistics:
+                        stats.setdefault(stat.identity, stat)
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # plugin code: reported when a step plans it
+                continue
+        self._everything = tuple(stats.values())
+        self._rearm()
+
+    def schedule_state(self) -> dict[str, Any]:
+        """Where the schedule prediction stands: the last step, the stride, whether followed."""
+        return {"last": self._last, "stride": self._stride, "follow": self._follow_schedule}
+
+    def resume(self, last: int | None, stride: int, follow: bool) -> None:
+        """Continue a saved run (:meth:`schedule_state`): arm for its predicted next step."""
+        self._last, self._stride, self._follow_schedule = last, max(1, int(stride)), follow
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """Plan afresh and arm the providers for the predicted next step (or for everything)."""
+        self._planned = None
+        if self._last is None or not self._follow_schedule:
+            self._arm(self._everything)
+        else:
+            self.prepare(self._last + self._stride)
+
     # -- the forward pass -------------------------------------------------------------------
 
-    def _arm(self, statistics: Sequence[Statistic], loss_graph: bool | None = None) -> None:
+    def _arm(
+        self,
+        statistics: Sequence[Statistic],
+        loss_graph: bool | None = None,
+        keys: frozenset[str] | None = None,
+    ) -> None:
         """Arm the providers for ``statistics``; compiled code runs eagerly if they observe.
 
         ``loss_graph``: whether the step needs Hessian-vector products (``None``: whether
-        any quantity may).
+        any quantity may). ``keys``: the ``info`` keys the observer watches the forward
+        pass for (``None``: those any quantity may need).
         """
         observing = self.router.arm(statistics)
         if loss_graph is None:
-            loss_graph = any(
-                r.loss_graph for q in self.quantities for r in q.all_requirements()
-            )
+            loss_graph = any(r.loss_graph for q in self.quantities for r in q.all_requirements())
+        if self.observer is not None:
+            if keys is None:
+                keys = self.all_observed_keys()
+            observing = self.observer.arm(keys) or observing
         self._stance.set(observing or loss_graph)
+
+    def all_observed_keys(self) -> frozenset[str]:
+        """The ``info`` keys any quantity may take from the forward pass."""
+        requirements = []
+        for q in self.quantities:
+            try:
+                requirements.extend(q.all_requirements())
+            except (KeyboardInterrupt, GeneratorExit):
+                raise
+            except BaseException:  # plugin code: reported when a step plans it
+                continue
+        return observed_keys(requirements)
+
+    @staticmethod
+    def observed_keys(tasks: Sequence[Task]) -> frozenset[str]:
+        """The ``info`` keys the ``tasks`` (planned without errors) take from the forward pass."""
+        return observed_keys(t.requirements for t in tasks)
 
     def prepare(self, step: int) -> None:
         """Arm the providers the forward pass of ``step`` needs, disarm the others."""
         if not self._follow_schedule:
             self._arm(self._everything)
             return
-        merged = self.plan(step, predict=True)[1]
-        self._arm(merged.statistics, merged.loss_graph)
+        tasks, merged = self.plan(step, predict=True)
+        self._arm(merged.statistics, merged.loss_graph, self.observed_keys(tasks))
 
     def after_step(self, step: int) -> None:
         """The step's quantities ran: arm the providers for the predicted next step."""
@@ -251,26 +332,35 @@ class Planner:
             for stat in requirements.statistics:
                 stats.setdefault(stat.identity, stat)
         self._everything = tuple(stats.values())
-        self._planned = None
-        if self._last is None or not self._follow_schedule:
-            self._arm(self._everything)
-        else:
-            self.prepare(self._last + self._stride)
+        self._rearm()
 
     def unobserved(
-        self, step: int, merged: MergedRequirements, accumulate: bool, expected: bool = False
+        self,
+        step: int,
+        merged: MergedRequirements,
+        accumulate: bool,
+        expected: bool = False,
+        keys: frozenset[str] = frozenset(),
     ) -> str | None:
         """Arm what ``step`` needs; say why its statistics are lost if it is too late.
 
         Without ``accumulate`` the forward pass ran before ``with cp(step)``: if a provider
-        that observes the forward pass was not armed, it saw nothing. Every provider then
-        stays armed for the rest of the run. ``expected``: parameters were just unfrozen
-        (already warned about), so providers missing them is no sign of uneven steps.
+        that observes the forward pass was not armed, it saw nothing, nor did the observer
+        if it was not armed for ``keys`` (the ``info`` keys the step takes from the forward
+        pass). Everything then stays armed for the rest of the run. ``expected``:
+        parameters were just unfrozen (already warned about), so providers missing them is
+        no sign of uneven steps.
         """
-        late = self.router.unobserved(merged.statistics)
+        late = []
+        providers = self.router.unobserved(merged.statistics)
+        if providers:
+            late.append("the statistics provider(s) " + ", ".join(f"'{n}'" for n in providers))
+        if keys and self.observer is not None and not self.observer.covers(keys):
+            late.append("cockpit's observer of the batch size and per-sample losses")
         if not late:
             return None
-        self._arm(merged.statistics, merged.loss_graph)
+        watching = self.observer.keys if self.observer is not None else frozenset()
+        self._arm(merged.statistics, merged.loss_graph, keys | watching)
         if accumulate:  # the micro-batches' forward passes come inside the block
             return None
         if expected:
@@ -281,9 +371,9 @@ class Planner:
         self._follow_schedule = False
         self._arm(self._everything)
         predicted = None if self._last is None else self._last + self._stride
-        names = ", ".join(f"'{n}'" for n in late)
+        names = " and ".join(late)
         message = (
-            f"the forward pass of step {step} ran while the statistics provider(s) {names} "
+            f"the forward pass of step {step} ran while {names} "
             f"did not observe it: after step {self._last} the Cockpit expected step "
             f"{predicted}, which needs none. Call cp.prepare(step) before the forward pass "
             "when step numbers are not evenly spaced; the providers now observe every "
@@ -293,9 +383,11 @@ class Planner:
         return message
 
     def close(self) -> None:
-        """Disarm and close every provider; compiled code runs as before."""
+        """Disarm and close every provider and the observer; compiled code runs as before."""
         self._stance.set(False)
         self.router.close()
+        if self.observer is not None:
+            self.observer.close()
 
 
 def _reraise(q: Quantity, step: int, phase: str, err: BaseException) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import difflib
 import re
 import types
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin
 
 from pydantic import (
@@ -36,6 +38,8 @@ from cockpit_core.requirements import NO_REQUIREMENTS, Requirements
 from cockpit_core.schedules import EveryN, Schedule, ScheduleFn, as_schedule_fn
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from cockpit_core.context import StepContext
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -238,6 +242,25 @@ def _is_plain(value: Any) -> bool:
     return isinstance(value, (bool, int, float, str)) and len(repr(value)) <= 60
 
 
+@dataclass(frozen=True)
+class ResumeContext:
+    """What a quantity's ``load_state_dict`` (and ``load_start_state``) may need to know.
+
+    Attributes:
+        step: The last step of the run that saved the state (``None``: it tracked none).
+        params: The tracked parameters of the resumed run, in order.
+        param_names: Their names.
+        optimizer: The optimizer the Cockpit knows (``Cockpit(..., optimizer=...)``, or
+            ``cp.attach(..., optimizer=...)``), else ``None``.
+
+    """
+
+    step: int | None
+    params: Sequence[Tensor]
+    param_names: Sequence[str]
+    optimizer: Any = None
+
+
 class Quantity:
     """Base class of all quantities tracked at a single step.
 
@@ -258,6 +281,9 @@ class Quantity:
     Config: ClassVar[type[QuantityConfig]] = QuantityConfig
     REQUIREMENTS: ClassVar[Requirements] = NO_REQUIREMENTS
     two_step: ClassVar[bool] = False
+    STATE_VERSION: ClassVar[int] = 1
+    """Version of the layout of :meth:`state_dict` (and of two-step starts); raise it when
+    the layout changes: a checkpoint of another version is refused (``cp.load_state_dict``)."""
 
     def __init__(
         self,
@@ -307,6 +333,26 @@ class Quantity:
         """Return this step's value (numbers, numpy arrays, dicts/lists of them) or ``None``."""
         raise NotImplementedError(f"{type(self).__name__} must implement compute(ctx).")
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this quantity keeps across steps in its own attributes, for a checkpoint.
+
+        Values kept in ``ctx.cache`` and the start state of a two-step quantity are saved
+        by the core; override this only for attributes of your own (e.g. a range adapted
+        from step to step). Return plain data: tensors, numbers, strings, booleans,
+        ``None`` and lists, tuples and dicts of them (``torch.load(weights_only=True)``
+        reads nothing else). Default: ``{}``.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: ResumeContext) -> None:
+        """Restore what :meth:`state_dict` returned, before the resumed run's first step.
+
+        Args:
+            state: The dict :meth:`state_dict` returned (of the same :attr:`STATE_VERSION`).
+            ctx: The resumed run's parameters, optimizer and last step.
+
+        """
+
     def __repr__(self) -> str:
         opts = self.config.model_dump(exclude_defaults=True)
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in opts.items())})"
@@ -346,6 +392,22 @@ class TwoStepQuantity(Quantity):
 
     def compute(self, ctx: StepContext) -> Any:  # noqa: D102 - not used for two-step quantities
         raise TypeError("Two-step quantities implement compute_start/compute_end, not compute.")
+
+    def start_state_dict(self, state: Any) -> Any:
+        """The start state ``compute_start`` returned, as plain data for a checkpoint.
+
+        Default: ``state`` itself, which must then be plain data (tensors, numbers,
+        strings, lists, tuples, dicts). Override it (with :meth:`load_start_state`) when
+        the state is an object of your own.
+        """
+        return state
+
+    def load_start_state(self, data: Any, ctx: ResumeContext) -> Any:
+        """The start state again, from what :meth:`start_state_dict` returned.
+
+        ``compute_end`` of the resumed run's first step receives it. Default: ``data``.
+        """
+        return data
 
 
 def check_quantity_class(cls: type) -> None:

@@ -1,4 +1,4 @@
-"""One tracked step: which quantity phases run, and the ``with cp(step, info=...)`` block."""
+"""One tracked step: which quantity phases run, and the ``with cp(step, ...)`` block."""
 
 from __future__ import annotations
 
@@ -10,21 +10,42 @@ from typing import Any, Literal
 import numpy as np
 
 from cockpit_core import loop_checks, mixed_precision
-from cockpit_core.accumulation import merge_info, merge_stats, micro_batch_size
+from cockpit_core.accumulation import batch_from_share, merge_info, merge_stats, micro_batch_size
 from cockpit_core.attention import MathAttentionHooks
-from cockpit_core.errors import CockpitWarning, MisuseError
+from cockpit_core.errors import CockpitWarning, MissingInfoError, MisuseError
 from cockpit_core.hvp import HessianVectorProducts
+from cockpit_core.keep_graph import KeepGraph
+from cockpit_core.observe import how_to_pass
+from cockpit_core.planner import Planner, Task
+from cockpit_core.quantity import Quantity
+from cockpit_core.requirements import MergedRequirements, merge_requirements
 from cockpit_core.statistics.projection import resolve_projections
 from cockpit_core.step_data import StepData
 from cockpit_core.tracker import Tracker
 
 
 class StepRun:
-    """The ``with cp(step, info=...)`` block of one step.
+    """The ``with cp(step, ...)`` block of one step.
 
-    On entry it validates the step and ``info``, plans the step's tasks and, if statistics
-    are needed, enters the backend so that the user's ``backward`` computes them. On exit
-    it runs the quantities (unless the block raised) and frees every per-step buffer.
+    On entry it validates the step, plans the step's tasks, completes ``info`` and, if
+    statistics are needed, enters the backend so that the user's ``backward`` computes
+    them. On exit it runs the quantities (unless the block raised) and frees every
+    per-step buffer.
+
+    ``info`` is what the loop passed (``info=``); it wins key by key over what cockpit
+    knows itself: ``loss`` (``cp(step, loss=...)``) and the Cockpit's ``given`` entries
+    (the optimizer) and, in the short form (``lenient``: ``cp(step, loss=loss)``, with or
+    without ``info``, or no ``info`` at all), what the observer took from the step's
+    forward pass (batch size, inputs, targets, per-sample losses:
+    :mod:`cockpit_core.observe`). In the short form a quantity whose ``info`` is still
+    incomplete fails at the step through the error policy (recorded, training continues;
+    ``on_error="raise"`` raises the :class:`MissingInfoError`), with what cockpit could
+    not observe and what to pass; with ``info=`` alone the block raises
+    :class:`MissingInfoError` when it begins, as it always did, for a quantity given to the
+    constructor (one added with ``cp.add`` fails through the error policy, so that adding
+    a quantity never stops training). When a quantity needs
+    Hessian-vector products at the step, every ``backward`` inside the block keeps the
+    graph (:mod:`cockpit_core.keep_graph`).
 
     With ``info["grad_scaler"]`` (a ``torch.amp.GradScaler``) every statistic is of the
     unscaled gradients (:mod:`cockpit_core.mixed_precision`). A step in which no tracked
@@ -50,8 +71,19 @@ class StepRun:
         accumulate: bool = False,
         requests: tuple[Any, ...] = (),
         attention: MathAttentionHooks | None = None,
+        loss: Any = None,
+        given: dict[str, Any] | None = None,
+        lenient: bool = False,
     ):
         self.tracker, self.step, self.info = tracker, step, info
+        self.explicit = dict(info)  # what the loop passed: it wins over what cockpit knows
+        self.loss, self.given, self.lenient = loss, dict(given or {}), lenient
+        self.reasons: dict[str, str] = {}  # why cockpit could not fill an info key
+        self.keys: frozenset[str] = frozenset()  # info keys the tasks take from the forward
+        self.keep: KeepGraph | None = None
+        self.samples_seen = 0  # micro-batches: samples observed so far
+        self.inferred = False  # micro-batches: batch_size told by the loss scaling
+        self.micro_lenient = False  # a micro-batch was given loss=: the short form
         self.attention = attention
         self.requests = tuple(requests)
         self.routed: dict[str, tuple[Any, ...]] = {}
@@ -62,8 +94,42 @@ class StepRun:
         self.scaler: Any = None
         self.loss_scale = 1.0
         self.loss_gradients: list[mixed_precision.LossGradient] = []
+        # what __enter__ sets, neutral until it does: cleanup never meets a missing attribute
+        self.tasks: list[Task] = []
+        self.merged: MergedRequirements = merge_requirements(())
+        self.batch_size = 0
+        self.unobserved: str | None = None
+        self.marks: Any = None
+        self.sync: Any = None
+        self._began = False  # tracker.begin_step ran: the tracker is in this step
+        self._entered = False  # __enter__ finished: __exit__ has something to leave
 
     def __enter__(self) -> StepRun:
+        try:
+            self._enter()
+        except BaseException as err:
+            self._abandon(err)
+            raise
+        self._entered = True
+        return self
+
+    def _abandon(self, err: BaseException) -> None:
+        """``__enter__`` raised ``err``: undo what it set up; its error is the one that counts."""
+        for probe in self.loss_gradients:
+            probe.close()
+        ctx, self._backend_ctx = self._backend_ctx, None
+        with contextlib.suppress(Exception):
+            if ctx is not None:
+                with self._cockpit_passes():
+                    ctx.__exit__(type(err), err, err.__traceback__)
+            if self.sync is not None:
+                self.sync.close()
+        if self._began:
+            self.tracker.end_step(completed=False)
+            self.tracker.cost.discard()
+        self.stats, self.info = {}, {}
+
+    def _enter(self) -> None:
         tracker, step = self.tracker, self.step
         started = tracker.cost.clock()
         if tracker.in_step:
@@ -78,10 +144,18 @@ class StepRun:
                 f"step {step} comes after step {tracker.last_step}: steps must increase. Pass the "
                 "global iteration counter, not the epoch-local batch index."
             )
-        if self.accumulate and not self.info.get("batch_size"):
+        observer = tracker.observer
+        watches = self.lenient and observer is not None and observer.model is not None
+        if self.accumulate and not self.info.get("batch_size") and not watches:
             raise MisuseError(
                 "cp(step, accumulate=True) needs info={'batch_size': B} with B the number of "
-                "samples of all micro-batches together (on this process)."
+                "samples of all micro-batches together (on this process), or the model "
+                "(Cockpit(model, ...)), whose micro-batches cockpit then observes."
+            )
+        if self.accumulate and self.loss is not None:
+            raise MisuseError(
+                "cp(step, loss=..., accumulate=True): pass each micro-batch's loss to "
+                "run.micro_batch(loss=...) instead; the step's loss is their sum."
             )
         # before anything arms providers: whether one was armed tells if it saw the forward
         self.routed, late = tracker.router.request(self.requests, where=f"cp({step}, ...)")
@@ -89,16 +163,27 @@ class StepRun:
         if self.scaler is not None:
             mixed_precision.check_scaler(self.scaler)
         self.loss_scale = mixed_precision.loss_scale(self.scaler)
-        if not self.accumulate and tracker.first_time("info"):
-            tracker.check_info(self.info, tracker.quantities)
-            tracker.warn_misuse(self.info)
         unfrozen = self._watch_parameters()
-        self.tasks, self.merged = tracker.planner.plan(step)
+        planner = tracker.planner
+        self.tasks, self.merged = planner.plan(step)
+        first = not self.accumulate and tracker.first_time("info")
+        self.keys = Planner.observed_keys(self.tasks)
+        wanted = self.keys | (planner.all_observed_keys() if first else frozenset())
+        self.info = self._gather(wanted)
+        if first:
+            if not self.lenient:
+                tracker.check_info(self.info, tracker.quantities)
+            tracker.warn_misuse(self.info)
         if not self.accumulate:  # micro-batches bring loss and individual_losses later
-            tracker.check_info(self.info, [t.quantity for t in self.tasks])
+            self._check_info(self.lenient)
         self.batch_size = int(self.info.get("batch_size") or 0)
-        self.unobserved = tracker.planner.unobserved(
-            step, self.merged, self.accumulate, expected=bool(unfrozen)
+        watched = self.keys & {"batch_size", "individual_losses"} if self.lenient else set()
+        self.unobserved = planner.unobserved(
+            step,
+            self.merged,
+            self.accumulate,
+            expected=bool(unfrozen),
+            keys=frozenset(watched - set(self.explicit)),
         )
         if late and not self.accumulate:  # micro-batches' forward passes come inside the block
             self.unobserved = self.unobserved or self._warn_late_requests(late)
@@ -121,6 +206,7 @@ class StepRun:
         if not self.accumulate:  # the gradient backward sends into the loss: its scale
             self.loss_gradients.append(mixed_precision.LossGradient(self.info.get("loss")))
         tracker.begin_step(step)  # what cp.log and cp.add say, and check, inside the block
+        self._began = True
         if tracker.debug:
             names = ", ".join(f"{t.quantity.key}({t.phase})" for t in self.tasks) or "nothing"
             stats = ", ".join(s.describe() for s in self.merged.statistics) or "none"
@@ -131,7 +217,82 @@ class StepRun:
             print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}{extra}")
         tracked = bool(self.tasks or self.merged.statistics)
         tracker.cost.entered(step, started, tracked)  # the previous step's cost record
-        return self
+        if self.merged.loss_graph:  # last: nothing after it may raise
+            self.keep = KeepGraph().__enter__()
+
+    def _gather(self, wanted: frozenset[str]) -> dict[str, Any]:
+        """The step's ``info``: what cockpit knows and observed, then the loop's ``info``.
+
+        Observations are taken here unless micro-batches take them (``accumulate``), and
+        used only in the short form (``lenient``): ``info=`` alone is the whole ``info``
+        but for the Cockpit's ``given`` entries, as it always was.
+        """
+        info = dict(self.given)
+        if self.loss is not None:
+            info["loss"] = self.loss
+        observer = self.tracker.observer
+        if observer is not None and not self.accumulate:
+            seen = observer.take(wanted - set(self.explicit) if self.lenient else ())
+            info.update(seen.info)
+            self.reasons.update(seen.reasons)
+        info.update(self.explicit)
+        return info
+
+    def _check_info(self, lenient: bool) -> None:
+        """Deal with quantities whose ``info`` lacks a key they need.
+
+        In the short form (``lenient``) each scheduled one fails at the step through the
+        error policy (recorded, training continues; ``on_error="raise"`` raises). With
+        ``info=`` alone a quantity given to the constructor raises
+        :class:`MissingInfoError` (the contract of that form), while one added with
+        ``cp.add`` fails through the error policy, at the first step after it was added
+        (also when first scheduled later) and whenever it is scheduled.
+        """
+        tracker = self.tracker
+        scheduled = list({id(t.quantity): t.quantity for t in self.tasks}.values())
+        unchecked = tracker.take_unchecked()
+        if lenient:
+            self._drop_uninformed(scheduled)
+            return
+        tracker.check_info(self.info, scheduled)
+        later = [q for q in unchecked if all(q is not s for s in scheduled)]
+        self._drop_uninformed([q for q in scheduled if tracker.was_added(q)] + later)
+
+    def _drop_uninformed(self, quantities: list[Quantity]) -> None:
+        """Those of ``quantities`` that lack an ``info`` key fail through the error policy.
+
+        Their tasks do not run at this step. The message names each missing key, why
+        cockpit could not fill it and what to pass.
+        """
+        tracker = self.tracker
+        missing = tracker.missing_info(self.info, quantities)
+        if not missing:
+            return
+        dropped = set()
+        for q, keys in missing:
+            dropped.add(q.key)
+            if any(t.quantity is q and t.phase == "end" for t in self.tasks):
+                tracker.planner.drop([q.key])  # its start is unusable without the end
+            error = MissingInfoError(self._missing_message(q, keys))
+            tracker.policy.quantity_failed(q, self.step, "info", error)
+        self.tasks = [t for t in self.tasks if t.quantity.key not in dropped]
+        self.merged = tracker.planner.merged_for(self.tasks)
+
+    def _missing_message(self, q: Quantity, keys: list[str]) -> str:
+        """``'q' needs info['key'] (why cockpit has none): what to do``, keys grouped by why."""
+        added_by = " (added with cp.add)" if q.key in self.tracker.added_at else ""
+        groups: dict[str | None, list[str]] = {}
+        for key in keys:
+            groups.setdefault(self.reasons.get(key), []).append(key)
+        parts = []
+        for why, group in groups.items():
+            names = [f"info['{k}']" for k in group]
+            listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+            hows = list(dict.fromkeys(how_to_pass(k, why) for k in group))
+            if len(hows) > 1 and all(h.startswith("pass ") for h in hows):
+                hows = ["pass " + "; ".join(h.removeprefix("pass ") for h in hows)]
+            parts.append(listed + (f" ({why})" if why else "") + ": " + "; ".join(hows))
+        return f"'{q.key}'{added_by} needs " + "; and ".join(parts) + "."
 
     def _warn_late_requests(self, late: list[str]) -> str:
         """Warn that providers receiving their first requests missed the forward pass."""
@@ -192,24 +353,51 @@ class StepRun:
             tracker.policy.warn_once(("", "batch_norm"), message, stacklevel=5)
 
     @contextlib.contextmanager
-    def micro_batch(self, info: dict[str, Any] | None = None) -> Iterator[None]:
+    def micro_batch(
+        self, info: dict[str, Any] | None = None, *, loss: Any = None
+    ) -> Iterator[None]:
         """Context around one micro-batch's ``backward()`` in a step with ``accumulate=True``.
 
-        ``info`` holds the micro-batch's ``loss`` (the scaled loss it backpropagates; summed
-        over micro-batches), ``individual_losses`` (concatenated) and ``batch_size``. Its
-        statistics are collected around its ``backward()`` and combined with the earlier
-        micro-batches' by each statistic's combine rule (:mod:`cockpit_core.accumulation`).
+        ``loss`` (or ``info["loss"]``) is the scaled loss the micro-batch backpropagates
+        (summed over micro-batches). Its ``individual_losses`` (concatenated) and
+        ``batch_size`` come from ``info`` or, in the short form (the step opened without
+        ``info``, or ``loss=`` given here) and when cockpit knows the model (and the loss),
+        from the micro-batch's forward pass; ``info`` wins key by key. Its statistics are
+        collected around its ``backward()`` and combined with the earlier micro-batches'
+        by each statistic's combine rule (:mod:`cockpit_core.accumulation`). In the short
+        form, quantities whose ``info`` is incomplete when the step ends fail through the
+        error policy instead of raising :class:`MissingInfoError`.
+
+        Without ``info={"batch_size": B}`` for the whole step, cockpit reads ``B`` from the
+        first micro-batch: its loss is its mean per-sample loss scaled by its share
+        ``B_k / B`` (:func:`~cockpit_core.accumulation.batch_from_share`); the step's
+        batch size is the sum of the micro-batches'.
         """
         if not self.accumulate:
             raise MisuseError(
                 "run.micro_batch() needs a step opened with cp(step, info=..., accumulate=True)."
             )
-        info = dict(info or {})
+        explicit = dict(info or {})
+        info = {} if loss is None else {"loss": loss}
+        observe = self.lenient or loss is not None  # the short form, for the step or here
+        self.micro_lenient = self.micro_lenient or loss is not None
+        observer = self.tracker.observer
+        if observer is not None:
+            seen = observer.take(self.keys - set(explicit) if observe else ())
+            info.update(seen.info)
+            for key, why in seen.reasons.items():
+                self.reasons.setdefault(key, why)
+        info.update(explicit)
         samples = micro_batch_size(info)
+        self.samples_seen += samples
+        problem = self._total_batch(info, samples) if not self.batch_size else None
         ctx = None
         stats: dict = {}
         missing: dict = {}
-        if self.merged.statistics or self.requests:
+        if problem is not None:
+            for stat in self.merged.statistics:
+                self.missing.setdefault(stat.identity, problem)
+        elif self.merged.statistics or self.requests:
             ctx = self.tracker.router.collect(
                 self.merged,
                 self.batch_size,
@@ -227,19 +415,48 @@ class StepRun:
         except BaseException as err:
             probe.close()
             if ctx is not None:
-                ctx.__exit__(type(err), err, err.__traceback__)
+                with self._cockpit_passes():
+                    ctx.__exit__(type(err), err, err.__traceback__)
             raise
         probe.close()
         if ctx is not None:
-            ctx.__exit__(None, None, None)
-        share = samples / self.batch_size if samples else None
+            with self._cockpit_passes():
+                ctx.__exit__(None, None, None)
+        share = samples / self.batch_size if samples and self.batch_size else None
         merge_stats(self.merged.statistics, self.stats, self.missing, stats, missing, share)
         merge_info(self.info, info)
 
+    def _total_batch(self, info: dict[str, Any], samples: int) -> str | None:
+        """Learn the step's batch size from the first micro-batch; else say why not."""
+        total, why = batch_from_share(info.get("loss"), info.get("individual_losses"), samples)
+        if total:
+            self.batch_size, self.inferred = total, True
+            return None
+        return (
+            "with accumulate=True cockpit needs the step's total batch size before the first "
+            f"micro-batch's backward pass, and {why}: pass cp(step, accumulate=True, "
+            "info={'batch_size': B}), or give cockpit the loss (loss_fn=) and each "
+            "micro-batch's scaled loss (run.micro_batch(loss=loss_k), loss_k = "
+            "mean_k * B_k / B)"
+        )
+
+    def _cockpit_passes(self) -> contextlib.AbstractContextManager:
+        """Forward passes of the model inside are cockpit's own (providers recomputing)."""
+        observer = self.tracker.observer
+        return observer.paused() if observer is not None else contextlib.nullcontext()
+
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        if not self._entered:  # __enter__ raised (and cleaned up) or never ran
+            return False
+        self._entered = False
+        keep, self.keep = self.keep, None
+        if keep is not None:  # torch.autograd.backward is PyTorch's again
+            keep.__exit__(None, None, None)
         try:
             return self._exit(exc_type, exc, tb)
         finally:
+            if self.tracker.observer is not None:  # passes inside the block are not the next step's
+                self.tracker.observer.clear()
             if self.attention is not None:  # held by a backward pass that raised
                 self.attention.release()
 
@@ -250,7 +467,8 @@ class StepRun:
         seen = [g.close() for g in self.loss_gradients]
         try:
             if self._backend_ctx is not None:
-                self._backend_ctx.__exit__(exc_type, exc, tb)
+                with self._cockpit_passes():
+                    self._backend_ctx.__exit__(exc_type, exc, tb)
         finally:
             self._backend_ctx = None
         if self.unobserved is not None:
@@ -303,7 +521,8 @@ class StepRun:
         self._check_per_sample_mean(factor)
         self._check_loss_scale(seen)
         if self.accumulate:
-            tracker.check_info(self.info, [t.quantity for t in self.tasks])
+            self._accumulated_batch()
+            self._check_info(self.lenient or self.micro_lenient)
         if (
             self.tasks
             and tracker.dist is None
@@ -349,6 +568,25 @@ class StepRun:
                 tracker.run(step, self.tasks, data)
         finally:
             data.release()
+
+    def _accumulated_batch(self) -> None:
+        """The step's batch size: the micro-batches' samples, if cockpit observed them.
+
+        If the first micro-batch's loss scaling told another total, every statistic of
+        the step is missing: the micro-batches' per-sample scaling was wrong.
+        """
+        if self.samples_seen and "batch_size" not in self.info:
+            self.info["batch_size"] = self.samples_seen
+        if self.inferred and self.batch_size != self.samples_seen:
+            message = (
+                f"the first micro-batch's loss was scaled for {self.batch_size} samples in "
+                f"all, but the micro-batches held {self.samples_seen}: scale each "
+                "micro-batch's loss by its share B_k / B of the step's samples, or pass "
+                "cp(step, accumulate=True, info={'batch_size': B})"
+            )
+            for stat in self.merged.statistics:
+                self.stats.pop(stat.identity, None)
+                self.missing[stat.identity] = message
 
     def _forgive_frozen(self) -> None:
         """Frozen parameters get no statistics: not "missing" even if ``p.grad`` is a tensor."""

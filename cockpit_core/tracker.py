@@ -26,6 +26,7 @@ from cockpit_core.distributed import Distributed
 from cockpit_core.error_policy import ErrorPolicy
 from cockpit_core.errors import CockpitWarning, MissingInfoError
 from cockpit_core.normalize import to_serializable
+from cockpit_core.observe import ForwardObserver
 from cockpit_core.planner import Planner, Task
 from cockpit_core.quantity import Quantity
 from cockpit_core.statistics.router import StatisticsRouter
@@ -52,14 +53,19 @@ class Tracker:
         debug: Print what is computed at each step.
         keep_in_memory: Keep values for ``get_output``.
         diagnoses: Runs diagnoses on the records (``None``: no diagnoses while training).
+        observer: Watches the forward pass for the ``info`` a step takes from it
+            (``None``: the steps' ``info`` is what the loop passes).
 
     Attributes:
         planner: Which quantity phases run at a step; pending and disabled quantities.
+        observer: The ``observer`` argument.
         policy: Failures and skipped steps.
         cache: Values quantities keep across steps.
         watch: Frozen, unfrozen and reshaped parameters.
         output: ``{step: {key: value}}`` kept in memory.
-        added_at: Key of a quantity added with ``cp.add`` -> its first step.
+        added_at: Key of a tracked quantity added with ``cp.add`` -> its first step.
+        listed: Every quantity tracked in this run, removed ones too, in the order the
+            header lists them (:meth:`marks`).
         last_step: The last step whose block completed (``None`` before the first).
         active_step: The step whose ``with`` block runs now (``None`` outside blocks).
         findings: What the diagnoses found so far, each finding once.
@@ -82,6 +88,7 @@ class Tracker:
         debug: bool,
         keep_in_memory: bool,
         diagnoses: DiagnosisRunner | None = None,
+        observer: ForwardObserver | None = None,
     ):
         self.params = params
         self.param_names = param_names
@@ -96,16 +103,19 @@ class Tracker:
         self.on_finding: Callable[[Finding], None] | None = None
         self.cost = CostMeter(self.emit)
         self.cache = Cache()
-        self.planner = Planner(quantities, router)
+        self.observer = observer
+        self.planner = Planner(quantities, router, observer)
         self.policy = ErrorPolicy(on_error, self.emit, self.planner, self.cache)
         self.planner.report = self.policy.quantity_failed  # raising schedules, requirements
         self.watch = loop_checks.ParameterWatch(params, param_names)
         self.output: dict[int, dict[str, Any]] = {}
         self.added_at: dict[str, int] = {}
+        self.listed: list[Quantity] = list(quantities)
         self.last_step: int | None = None
         self.active_step: int | None = None
         self._done_once: set[str] = set()
         self._info_unchecked: list[Quantity] = []  # added quantities: check at the next step
+        self._marks: dict[int, dict[str, int]] = {}  # id(quantity) -> added_at, removed_at
 
     # -- where the run is -------------------------------------------------------------------
 
@@ -131,27 +141,77 @@ class Tracker:
         self._done_once.add(what)
         return True
 
+    @property
+    def done_once(self) -> list[str]:
+        """The one-off checks done so far (:meth:`first_time`), for a checkpoint."""
+        return sorted(self._done_once)
+
+    def resume(self, last_step: int | None, done_once: Iterable[str]) -> None:
+        """Continue a saved run: its last step, its one-off checks."""
+        self.last_step = last_step
+        self._done_once |= set(done_once)
+
     # -- quantities ---------------------------------------------------------------------------
+
+    @property
+    def next_step(self) -> int:
+        """The first step a change between steps applies to: one after the last step."""
+        return 0 if self.last_step is None else self.last_step + 1
 
     def add(self, quantity: Quantity) -> int:
         """Track ``quantity`` from the next step on; return that step."""
-        step = 0 if self.last_step is None else self.last_step + 1
+        step = self.next_step
         self.quantities.append(quantity)
+        self.listed.append(quantity)
         self.planner.add(quantity)
-        self.added_at[quantity.key] = step
+        self.mark_added(quantity, step)
         self._info_unchecked.append(quantity)
         return step
 
-    def check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
-        """Raise :class:`MissingInfoError` if ``info`` lacks a key the quantities need.
+    def mark_added(self, quantity: Quantity, step: int) -> None:
+        """Note that ``quantity`` was added with ``cp.add`` and applies from ``step`` on."""
+        self.added_at[quantity.key] = step
+        self._marks.setdefault(id(quantity), {})["added_at"] = step
 
-        Quantities added since the last check are checked too, whether they run at this
-        step or not (as the first step checks every quantity).
+    def remove(self, key: str) -> tuple[Quantity, int]:
+        """Stop tracking quantity ``key`` from the next step on; return it and that step.
+
+        Its pending two-step start and its cache entries are dropped; the providers are
+        armed anew for the remaining quantities.
         """
-        problems = []
-        quantities = list(quantities)
-        added = [q for q in self._info_unchecked if all(q is not t for t in quantities)]
-        for q in quantities + added:
+        quantity = next(q for q in self.quantities if q.key == key)
+        step = self.next_step
+        self.quantities[:] = [q for q in self.quantities if q is not quantity]
+        self.planner.remove(key)
+        self.cache.remove_owner(key)
+        self.added_at.pop(key, None)
+        self._info_unchecked = [q for q in self._info_unchecked if q is not quantity]
+        self._marks.setdefault(id(quantity), {})["removed_at"] = step
+        return quantity, step
+
+    def marks(self, quantity: Quantity) -> dict[str, int]:
+        """``added_at`` and ``removed_at`` of a listed quantity, those that apply."""
+        return dict(self._marks.get(id(quantity), {}))
+
+    def was_added(self, quantity: Quantity) -> bool:
+        """Whether ``quantity`` (tracked now) was added with ``cp.add``."""
+        return self.added_at.get(quantity.key) is not None
+
+    def take_unchecked(self) -> list[Quantity]:
+        """The quantities added since the last step began, whose ``info`` is not checked yet."""
+        unchecked, self._info_unchecked = self._info_unchecked, []
+        return unchecked
+
+    def missing_info(
+        self, info: Mapping[str, Any], quantities: Iterable[Quantity]
+    ) -> list[tuple[Quantity, list[str]]]:
+        """The quantities that need keys ``info`` lacks, each with those keys (sorted).
+
+        A quantity with per-sample statistics needs ``batch_size`` unless ``info`` has
+        ``individual_losses`` (their number).
+        """
+        out = []
+        for q in quantities:
             try:
                 needed = set(q.required_info())
                 per_sample = any(s.per_sample for r in q.all_requirements() for s in r.statistics)
@@ -161,16 +221,31 @@ class Tracker:
                 continue
             if per_sample and "individual_losses" not in info:
                 needed.add("batch_size")
-            added_by = " (added with cp.add)" if q.key in self.added_at else ""
-            for key in sorted(needed - set(info)):
-                problems.append(f"'{q.key}'{added_by} needs info['{key}']")
+            keys = sorted(needed - set(info))
+            if keys:
+                out.append((q, keys))
+        return out
+
+    def check_info(self, info: Mapping[str, Any], quantities: Iterable[Quantity]) -> None:
+        """Raise :class:`MissingInfoError` if ``info`` lacks a key the quantities need.
+
+        Quantities added with ``cp.add`` are left out: theirs fail through the error policy
+        (:class:`~cockpit_core.step.StepRun`), so that adding one never stops training.
+        """
+        problems = []
+        quantities = [q for q in quantities if not self.was_added(q)]
+        for q, keys in self.missing_info(info, quantities):
+            for key in keys:
+                problems.append(f"'{q.key}' needs info['{key}']")
         if problems:
             raise MissingInfoError(
                 "Missing info keys: " + "; ".join(problems) + ". Pass them at every step: "
                 "with cp(step, info={...}). Common keys: loss, individual_losses, "
-                "batch_size, optimizer."
+                "batch_size, optimizer. Cockpit takes batch_size and individual_losses from "
+                "the forward pass when it knows the model and the loss, Cockpit(model, ..., "
+                "loss_fn=..., optimizer=opt), and the loss from cp(step, loss=loss) "
+                "(docs/quickstart.md)."
             )
-        self._info_unchecked = []
 
     def warn_misuse(self, info: Mapping[str, Any]) -> None:
         """Warn about an optimizer that misses the tracked parameters or a summed loss."""

@@ -36,6 +36,14 @@ class LogData:
         added: ``{"step": s, "quantity": {"name", "key", options...}}`` for each quantity
             added with ``cp.add`` during a run (every run, in file order); ``step`` is the
             first step it applies to.
+        removed: The same for each quantity removed with ``cp.remove``; ``step`` is the
+            first step it no longer applies to. Its run's header lists it with
+            ``removed_at``.
+        resumed: ``{"step": s, "from_run": r}`` for each run that continues an earlier one
+            from a checkpoint (``cp.load_state_dict``): ``s`` is the checkpoint's last step,
+            ``r`` the run that saved it. Values such a run records under steps up to ``s``
+            (two-step quantities that started before the checkpoint) complete that step's
+            values instead of replacing them.
         findings: The ``finding`` records (without ``kind``) that diagnoses reported while
             training (every run, in file order, the last record of each id; see
             ``docs/diagnoses.md``).
@@ -51,6 +59,8 @@ class LogData:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, Any]] = field(default_factory=list)
     added: list[dict[str, Any]] = field(default_factory=list)
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    resumed: list[dict[str, Any]] = field(default_factory=list)
     findings: list[dict[str, Any]] = field(default_factory=list)
     cost: list[dict[str, Any]] = field(default_factory=list)
 
@@ -78,14 +88,36 @@ class LogData:
             self.errors.append(dict(record))
         elif kind == "skipped":
             self.skipped.append(dict(record))
-        elif kind == "quantity_added":
+        elif kind in ("quantity_added", "quantity_removed"):
+            change = {"step": record["step"], "quantity": dict(record["quantity"])}
+            (self.added if kind == "quantity_added" else self.removed).append(change)
             quantities = list(self.header.get("quantities") or [])
-            quantities.append({**record["quantity"], "added_at": record["step"]})
-            self.header = {**self.header, "quantities": quantities}
+            self.header = {**self.header, "quantities": listed(quantities, [(kind, change)])}
+        elif kind == "resumed":
+            self.resumed.append({k: v for k, v in record.items() if k != "kind"})
         elif kind == "finding":
             add_finding(self.findings, record)
         elif kind == "cost":
             self.cost.append(dict(record))
+
+
+def listed(quantities: list[Any], changes: Iterable[tuple[str, Mapping[str, Any]]]) -> list[Any]:
+    """A header's ``quantities`` after ``cp.add``/``cp.remove`` changes, in their order.
+
+    An added quantity is appended with ``added_at``; a removed one gains ``removed_at`` on
+    the last entry of its key that has none.
+    """
+    out = [dict(q) if isinstance(q, dict) else q for q in quantities]
+    for kind, change in changes:
+        if kind == "quantity_added":
+            out.append({**change["quantity"], "added_at": change["step"]})
+            continue
+        key = change["quantity"].get("key")
+        for entry in reversed(out):
+            if isinstance(entry, dict) and entry.get("key") == key and "removed_at" not in entry:
+                entry["removed_at"] = change["step"]
+                break
+    return out
 
 
 def add_finding(findings: list[dict[str, Any]], record: Mapping[str, Any]) -> None:
@@ -109,7 +141,8 @@ def _new_run(header: dict[str, Any] | None = None) -> dict[str, Any]:
         "values": {},
         "events": [],
         "metrics": {},
-        "added": [],
+        "changes": [],
+        "resumed": None,
         "findings": [],
         "cost": [],
     }
@@ -146,8 +179,11 @@ def merge_runs(records: Iterable[dict[str, Any]]) -> LogData:
             run["events"].append(record)
         elif kind == "metrics":  # metrics claim their step apart from the quantities' values
             run["metrics"].setdefault(record["step"], {}).update(record["metrics"])
-        elif kind == "quantity_added":
-            run["added"].append({"step": record["step"], "quantity": dict(record["quantity"])})
+        elif kind in ("quantity_added", "quantity_removed"):
+            change = {"step": record["step"], "quantity": dict(record["quantity"])}
+            run["changes"].append((kind, change))
+        elif kind == "resumed":
+            run["resumed"] = {k: v for k, v in record.items() if k != "kind"}
         elif kind == "finding":
             add_finding(run["findings"], record)
         elif kind == "cost":
@@ -155,13 +191,24 @@ def merge_runs(records: Iterable[dict[str, Any]]) -> LogData:
     data = LogData()
     claimed: set[int] = set()
     kept: list[list[dict[str, Any]]] = []
+    completions: dict[int, list[dict[str, Any]]] = {}  # of resumed runs, latest first
     for run in reversed(runs):
+        resumed = run["resumed"]["step"] if run["resumed"] is not None else None
         for step, values in run["values"].items():
-            if step not in claimed:
+            if step in claimed:
+                continue
+            if resumed is not None and step <= resumed:  # completes the earlier run's step
+                completions.setdefault(step, []).append(values)
+            else:
                 data.output[step] = values
         kept.append([e for e in run["events"] if e.get("step") not in claimed])
         run["cost"] = [c for c in run["cost"] if c["step"] not in claimed]
-        claimed |= run["steps"]
+        claimed |= {s for s in run["steps"] if resumed is None or s > resumed}
+    for step, parts in completions.items():
+        merged = dict(data.output.get(step, {}))
+        for values in reversed(parts):
+            merged.update(values)
+        data.output[step] = merged
     for events in reversed(kept):
         for event in events:
             (data.errors if event["kind"] == "error" else data.skipped).append(event)
@@ -172,15 +219,19 @@ def merge_runs(records: Iterable[dict[str, Any]]) -> LogData:
                 data.output[step] = {**data.output.get(step, {}), METRICS_KEY: metrics}
         logged |= set(run["metrics"])
     for run in runs:
-        data.added.extend(run["added"])
+        for kind, change in run["changes"]:
+            (data.added if kind == "quantity_added" else data.removed).append(change)
+        if run["resumed"] is not None:
+            data.resumed.append(run["resumed"])
         for finding in run["findings"]:
             add_finding(data.findings, finding)
         data.cost.extend(run["cost"])
-        if run["added"]:
+        if run["changes"]:
             header = dict(run["header"] or {})
             quantities = header.get("quantities")
-            header["quantities"] = list(quantities) if isinstance(quantities, list) else []
-            header["quantities"] += [{**a["quantity"], "added_at": a["step"]} for a in run["added"]]
+            header["quantities"] = listed(
+                quantities if isinstance(quantities, list) else [], run["changes"]
+            )
             run["header"] = header
     data.headers = [run["header"] for run in runs if run["header"] is not None]
     data.header = data.headers[-1] if data.headers else {}

@@ -76,9 +76,14 @@ def _iter_records(
         if not isinstance(record, dict):
             raise LogFormatError(f"{path}, line {number} is not a JSON object.")
         kind = record.get("kind")
-        if kind in ("values", "metrics", "quantity_added", "cost") or (
-            kind in ("error", "skipped") and "step" in record
-        ):
+        if kind in (
+            "values",
+            "metrics",
+            "quantity_added",
+            "quantity_removed",
+            "cost",
+            "resumed",
+        ) or (kind in ("error", "skipped") and "step" in record):
             step = record.get("step")
             if type(step) is not int:
                 raise LogFormatError(
@@ -88,7 +93,9 @@ def _iter_records(
             raise LogFormatError(f"{path}, line {number}: 'values' must be a JSON object.")
         if kind == "metrics" and not isinstance(record.get("metrics"), dict):
             raise LogFormatError(f"{path}, line {number}: 'metrics' must be a JSON object.")
-        if kind == "quantity_added" and not _is_quantity_entry(record.get("quantity")):
+        if kind in ("quantity_added", "quantity_removed") and not _is_quantity_entry(
+            record.get("quantity")
+        ):
             raise LogFormatError(
                 f"{path}, line {number}: 'quantity' must be a JSON object with string "
                 "'name' and 'key'."
@@ -181,11 +188,16 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
             f"{path}: 'header' must be an object, 'errors' and 'skipped' lists of objects."
         )
     listed = header.get("quantities")
-    added = [
-        {"step": q["added_at"], "quantity": {k: v for k, v in q.items() if k != "added_at"}}
-        for q in (listed if isinstance(listed, list) else [])
-        if isinstance(q, dict) and type(q.get("added_at")) is int
-    ]
+    entries = [q for q in (listed if isinstance(listed, list) else []) if isinstance(q, dict)]
+    marks = ("added_at", "removed_at")
+    added, removed = (
+        [
+            {"step": q[mark], "quantity": {k: v for k, v in q.items() if k not in marks}}
+            for q in entries
+            if type(q.get(mark)) is int
+        ]
+        for mark in marks
+    )
     findings = data.get("findings") or []
     if not (isinstance(findings, list) and all(_is_finding(f) for f in findings)):
         raise LogFormatError(
@@ -198,6 +210,7 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
         skipped=list(lists["skipped"]),
         headers=[dict(header)] if header else [],
         added=added,
+        removed=removed,
         findings=[dict(f) for f in findings],
     )
 

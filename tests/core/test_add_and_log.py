@@ -233,18 +233,31 @@ def test_add_is_refused_inside_a_step_block():
 
 def test_the_info_an_added_quantity_needs_is_checked_at_the_next_step():
     # norm_test needs info['batch_size'] (per-sample, no individual_losses); first
-    # scheduled at step 100, it is still checked when the next step begins
-    with pytest.raises(MissingInfoError) as err:
-        train(
+    # scheduled at step 100, it is still checked when the next step begins. An added
+    # quantity never stops training: the error is recorded (tests/core/test_remove.py)
+    with pytest.warns(CockpitWarning, match="'norm_test' failed at step 2"):
+        cp, _, _ = train(
             ["grad_norm"],
             steps=4,
             add_at=2,
             to_add=[{"name": "norm_test", "every": 100, "offset": 0}],
             info_keys=("loss",),
         )
-    assert str(err.value).startswith(
-        "Missing info keys: 'norm_test' (added with cp.add) needs info['batch_size']. "
+    assert [(e["step"], e["quantity"], e["phase"]) for e in cp.errors] == [(2, "norm_test", "info")]
+    assert cp.errors[0]["error"] == (
+        "MissingInfoError: 'norm_test' (added with cp.add) needs info['batch_size']: pass "
+        "info={'batch_size': B}."
     )
+    assert sorted(cp.get_output()) == [0, 1, 2, 3]
+    with pytest.raises(MissingInfoError, match="'norm_test' .added with cp.add. needs"):
+        train(
+            ["grad_norm"],
+            steps=4,
+            add_at=2,
+            to_add=[{"name": "norm_test", "every": 100, "offset": 0}],
+            info_keys=("loss",),
+            on_error="raise",  # chosen explicitly: raises
+        )
 
 
 def test_an_added_quantity_without_a_provider_warns_like_the_constructor():

@@ -236,9 +236,15 @@ def test_hvp_without_retained_graph_explains_the_fix():
     cp = Cockpit(model.parameters(), [Hv()], on_error="raise")
     x, y = problem.batch(0)
     loss = problem.loss_module()(model(x), y)
+    with cp(0, info={"loss": loss}):  # cockpit keeps the graph of loss.backward() itself
+        loss.backward()
+    assert isinstance(cp.get_output()[0]["hv"], float)
+    # a backward that does not go through torch.autograd.backward at call time frees it
+    free = torch.autograd.backward
+    loss = problem.loss_module()(model(x), y)
     with pytest.raises(MisuseError, match=r"retain_graph=cp.retain_graph\(step\)"):
-        with cp(0, info={"loss": loss}):
-            loss.backward()
+        with cp(1, info={"loss": loss}):
+            free(loss)
 
 
 def test_unextended_model_gives_a_clear_error_for_per_sample_statistics():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import cockpit_core
 from cockpit_core import Cockpit
+from cockpit_core.cockpit import TRAINING_OBJECTS
 from cockpit_core.config_settings import CockpitSettings
 
 CORE = Path(cockpit_core.__file__).parent
@@ -20,6 +21,7 @@ ENGINE = (
     "tracker",
     "step",
     "planner",
+    "state",
     "error_policy",
     "accumulation",
     "context",
@@ -99,8 +101,11 @@ def test_no_engine_module_reads_another_objects_private_attributes():
 
 def test_the_constructor_takes_exactly_the_settings_of_the_config_file():
     params = inspect.signature(Cockpit.__init__).parameters
-    keywords = {n for n in params if n not in ("self", "params", "registry", "_source")}
+    # the model, its loss and its optimizer are objects of the training script, not settings
+    script = ("self", "params", "registry", "_source", *TRAINING_OBJECTS)
+    keywords = {n for n in params if n not in script}
     assert keywords == set(CockpitSettings.model_fields)
+    assert set(TRAINING_OBJECTS) <= set(params)
     for name, field in CockpitSettings.model_fields.items():
         default = params[name].default
         if name not in ("quantities", "sinks"):  # Python: a tuple; config: a list

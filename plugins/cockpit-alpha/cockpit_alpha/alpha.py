@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ from cockpit_core import (
     PerSampleGrads,
     QuantityConfig,
     Requirements,
+    ResumeContext,
     Statistic,
     StepContext,
     TwoStepQuantity,
@@ -63,6 +64,15 @@ class _Start:
         """Bytes held by the kept tensors (read by the core's cache accounting)."""
         tensors = [*self.theta, *self.grad, *self.sum_sq, *self.direction, *self.proj]
         return sum(t.element_size() * t.nelement() for t in tensors)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a checkpoint (the index by storage is rebuilt when loading)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "index"}
+
+
+def _storage_index(params: Any) -> dict[tuple[int, tuple[int, ...]], int]:
+    """Parameter position by storage and shape (the transforms get ``param.detach()``)."""
+    return {(p.data_ptr(), tuple(p.shape)): i for i, p in enumerate(params)}
 
 
 class Alpha(TwoStepQuantity):
@@ -203,8 +213,33 @@ class Alpha(TwoStepQuantity):
             direction=direction,
             proj=proj,
             predictor="generic" if "generic" in used or not used else used.pop(),
-            index={(p.data_ptr(), tuple(p.shape)): i for i, p in enumerate(ctx.params)},
+            index=_storage_index(ctx.params),
         )
+        self._live = weakref.ref(state)
+        return state
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Whether an optimizer's update was predicted (it serves the next start point)."""
+        return {"predictor": None if self._predictor is None else self._predictor.kind}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: ResumeContext) -> None:
+        """Predict the optimizer's update again from the Cockpit's ``optimizer``, if known.
+
+        Without it the resumed run's first start point projects on the generic direction
+        (``predictor: "generic"``); from its end point on the optimizer is known again.
+        """
+        if state.get("predictor") is not None and ctx.optimizer is not None:
+            self._predictor = UpdatePredictor(ctx.optimizer)
+
+    def start_state_dict(self, state: _Start) -> dict[str, Any]:
+        """The start point's numbers and tensors."""
+        return state.to_dict()
+
+    def load_start_state(self, data: Any, ctx: ResumeContext) -> _Start:
+        """The start point, matched to the resumed run's parameters."""
+        state = _Start(**data, index=_storage_index(ctx.params))
         self._live = weakref.ref(state)
         return state
 

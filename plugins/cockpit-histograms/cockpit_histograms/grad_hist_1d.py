@@ -15,6 +15,7 @@ from cockpit_core import (
     Quantity,
     QuantityConfig,
     Requirements,
+    ResumeContext,
     Statistic,
     StepContext,
     per_sample_transform,
@@ -88,6 +89,16 @@ class GradHist1d(Quantity):
     def current_range(self) -> tuple[float, float]:
         """The range the next tracked step bins into."""
         return self._range
+
+    def state_dict(self) -> dict[str, Any]:
+        """The range of the next tracked step (adapted with ``adapt``)."""
+        return {"range": [float(v) for v in self._range]}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: ResumeContext) -> None:
+        """Bin into the saved run's next range."""
+        if "range" in state:
+            low, high = (float(v) for v in state["range"])
+            self._range = (low, high)
 
     def _statistic(self) -> Statistic:
         bins = self.config.bins

@@ -14,6 +14,7 @@ from cockpit_core import (
     Quantity,
     QuantityConfig,
     Requirements,
+    ResumeContext,
     Statistic,
     StepContext,
     per_sample_transform,
@@ -101,6 +102,16 @@ class GradHist2d(Quantity):
     def current_range(self) -> tuple[Range, Range]:
         """The ranges the next tracked step bins into."""
         return self._range
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ranges of the next tracked step (adapted with ``adapt``)."""
+        return {"range": [[float(v) for v in r] for r in self._range]}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: ResumeContext) -> None:
+        """Bin into the saved run's next ranges."""
+        if "range" in state:
+            (xlo, xhi), (ylo, yhi) = ((float(a), float(b)) for a, b in state["range"])
+            self._range = ((xlo, xhi), (ylo, yhi))
 
     def _statistic(self) -> Statistic:
         xbins, ybins = self.config.bins
