@@ -1,18 +1,21 @@
-"""Track a Hugging Face ``Trainer`` run with ``CockpitMixin`` + ``CockpitCallback`` (CPU).
+"""Track a Hugging Face ``Trainer`` run with one ``CockpitCallback`` (CPU, a few seconds).
 
 A small MLP in the Hugging Face model convention (named inputs, ``labels``, an output dict
-with ``loss``) learns a synthetic 3-class problem. ``MyTrainer`` stands for your own
-``Trainer`` subclass; cockpit composes with it by one more base class, ``CockpitMixin``,
-and one callback, which builds the Cockpit, attaches it to the model, reports every value
-through ``Trainer.log`` (to ``report_to``) and closes it when training ends. The quantities
-are computed inside the training step, before the Trainer clips the gradient norm to 1;
-with gradient accumulation (2 micro-batches of 32) they describe the batch of 64. Needs
+with ``loss`` and ``logits``) learns a synthetic 3-class problem with a stock ``Trainer``.
+The callback is all cockpit needs: it finds the Trainer, builds the Cockpit, attaches it to
+the model, computes the per-sample losses from the logits and the labels (here
+``cross_entropy``, checked against the model's loss), runs each backward pass inside the
+Cockpit step (before the Trainer clips the gradient norm to 1), reports every value
+through ``Trainer.log`` at the Trainer's own step numbers, prints one line per logging
+step and closes the Cockpit when training ends. With gradient accumulation (2
+micro-batches of 32) the values describe the batch of 64. Needs
 ``pip install -e ".[huggingface]"``::
 
     python examples/huggingface_example.py [LOG_PATH]
 
-On a GPU, ``fp16=True`` needs no change here: the mixin hands the Accelerator's GradScaler
-to the Cockpit, so the values are of the unscaled gradients (docs/mixed_precision.md).
+On a GPU, ``fp16=True`` needs no change here: the callback hands the Accelerator's
+GradScaler to the Cockpit, so the values are of the unscaled gradients
+(docs/mixed_precision.md).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainingArguments
 
-from cockpit_core.integrations.huggingface import CockpitCallback, CockpitMixin
+from cockpit_core.integrations.huggingface import CockpitCallback
 
 STEPS, BATCH, ACCUMULATE = 60, 32, 2
 
@@ -59,35 +62,12 @@ class Classifier(torch.nn.Module):
         return {"loss": F.cross_entropy(logits, labels), "logits": logits}
 
 
-class MyTrainer(Trainer):
-    """Your own Trainer subclass (here it only counts its steps)."""
-
-    steps = 0
-
-    def training_step(self, *args, **kwargs):
-        """The Trainer's step, counted."""
-        self.steps += 1
-        return super().training_step(*args, **kwargs)
-
-
-class TrackedTrainer(CockpitMixin, MyTrainer):
-    """Your Trainer with cockpit: the mixin goes first."""
-
-
-def per_sample_losses(inputs: dict, outputs: dict) -> dict:
-    """Extra ``info`` for the Cockpit step: the per-sample losses (for early stopping, alpha)."""
-    losses = F.cross_entropy(outputs["logits"], inputs["labels"], reduction="none")
-    return {"individual_losses": losses.detach()}
-
-
 def main() -> None:
     """Train 60 steps while tracking, then print a summary."""
     torch.manual_seed(0)
     callback = CockpitCallback(
-        quantities=["loss", "grad_norm", "norm_test", "inner_test", "mean_gsnr", "early_stopping"],
-        cockpit_info=per_sample_losses,
+        quantities=["economy", "mean_gsnr", "early_stopping"],
         log=sys.argv[1] if len(sys.argv) > 1 else None,
-        report=False,  # True (the default) sends every value through Trainer.log
     )
     with tempfile.TemporaryDirectory() as out_dir:
         args = TrainingArguments(
@@ -100,28 +80,24 @@ def main() -> None:
             optim="sgd",
             max_grad_norm=1.0,  # clipping runs after the Cockpit step
             use_cpu=True,
-            report_to=[],
+            report_to=[],  # e.g. ["tensorboard"]: cockpit's scalars go there too
             save_strategy="no",
-            logging_strategy="no",
+            logging_steps=20,  # the Trainer's line and cockpit's line every 20 steps
             disable_tqdm=True,
-            dataloader_drop_last=True,  # equal micro-batches: exact accumulated statistics
         )
-        trainer = TrackedTrainer(
-            model=Classifier(), args=args, train_dataset=Data(), callbacks=[callback]
-        )
+        trainer = Trainer(model=Classifier(), args=args, train_dataset=Data(), callbacks=[callback])
         trainer.train()  # the callback closes the Cockpit at the end
 
-    cp = trainer.cockpit
-    out = cp.get_output()
-    print(f"{trainer.steps} training steps (micro-batches), {len(out)} tracked steps")
-    for step in (0, 20, 40):
+    out = callback.cockpit.get_output()
+    print(f"{len(out)} tracked steps, numbered as the Trainer's global_step (1 to {STEPS})")
+    for step in (1, 20, 40):
         v = out[step]
         print(
             f"step {step:2d}: loss {v['loss']:.3f}  |g| {v['grad_norm']['total']:.3f}  "
-            f"norm test {v['norm_test']['total']:.2f}  mean GSNR {v['mean_gsnr']['total']:.3f}  "
+            f"alpha {v['alpha']['alpha']:.2f}  mean GSNR {v['mean_gsnr']['total']:.3f}  "
             f"early stopping {v['early_stopping']['total']:.2f}"
         )
-    print(f"errors: {cp.errors or 'none'}")
+    print(f"errors: {callback.cockpit.errors or 'none'}")
 
 
 if __name__ == "__main__":

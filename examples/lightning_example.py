@@ -3,10 +3,13 @@
 A small MLP learns a synthetic 3-class problem. The LightningModule is written as for any
 Lightning run: nothing in it is for cockpit. The callback builds the Cockpit from the
 optimizer's parameters, attaches it to the module (module hooks compute the per-sample
-statistics), computes the quantities inside Lightning's backward pass (so they describe the
-unclipped gradients; Lightning clips the norm to 1 afterwards) and logs every value to the
-Trainer's logger (a CSV file here). Gradient accumulation of 2 batches of 32 gives the
-statistics of the batch of 64. Needs ``pip install -e ".[lightning]"``::
+statistics), takes the per-sample losses from the network's output and the batch's targets
+(``cross_entropy``, checked against the loss ``training_step`` returns; ``alpha`` needs
+them), computes the quantities inside Lightning's backward pass (so they describe the
+unclipped gradients; Lightning clips the norm to 1 afterwards), logs every value to the
+Trainer's logger (a CSV file here) and closes the Cockpit however training ends. Gradient
+accumulation of 2 batches of 32 gives the statistics of the batch of 64. Needs
+``pip install -e ".[lightning]"``::
 
     python examples/lightning_example.py [LOG_PATH]
 
@@ -61,14 +64,7 @@ def main() -> None:
     """Train 60 steps while tracking, then print a summary."""
     torch.manual_seed(0)
     callback = CockpitCallback(
-        quantities=[
-            "loss",
-            "grad_norm",
-            "norm_test",
-            "inner_test",
-            "mean_gsnr",
-            {"name": "hess_max_ev", "every": 20},
-        ],
+        quantities=["economy", "mean_gsnr", {"name": "hess_max_ev", "every": 20}],
         log=sys.argv[1] if len(sys.argv) > 1 else None,
         per_param=False,  # only totals to the logger
     )
@@ -99,7 +95,7 @@ def main() -> None:
         v = out[step]
         print(
             f"step {step:2d}: loss {v['loss']:.3f}  |g| {v['grad_norm']['total']:.3f}  "
-            f"norm test {v['norm_test']['total']:.2f}  mean GSNR {v['mean_gsnr']['total']:.3f}  "
+            f"alpha {v['alpha']['alpha']:.2f}  mean GSNR {v['mean_gsnr']['total']:.3f}  "
             f"max Hessian eigenvalue {v['hess_max_ev']['value']:.3f}"
         )
     print(f"errors: {cp.errors or 'none'}")

@@ -1,48 +1,50 @@
-"""Hugging Face Trainer: a callback that owns the Cockpit, a mixin that feeds it each step.
+"""Hugging Face Trainer: one callback builds, feeds, reports and closes a Cockpit.
 
 ::
 
-    class MyTrainer(CockpitMixin, MyTrainerBase):  # any Trainer subclass, mixin first
-        pass
-
-    trainer = MyTrainer(model=model, args=args, train_dataset=ds,
-                        callbacks=[CockpitCallback(quantities="economy", log="run.jsonl")])
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[CockpitCallback(quantities="economy", log="run.jsonl")])
     trainer.train()  # the Cockpit is built, attached, fed, reported and closed
 
 Callbacks alone cannot serve: they see neither the loss nor the inputs, and
-``on_pre_optimizer_step`` runs after gradient clipping (a callback-only host gave a wrong
-GSNR). So the work is split where the Trainer allows it:
+``on_pre_optimizer_step`` runs after gradient clipping. So when the Trainer is built,
+:class:`CockpitCallback` finds it and wraps a few methods of that one instance
+(:class:`~cockpit_core.integrations._hf_host.TrainerHost`): the Trainer's own code (your
+``compute_loss`` included) computes the loss, and its ``backward`` runs inside the Cockpit
+step, with ``retain_graph`` when Hessian-vector products need the graph, before clipping.
+With ``gradient_accumulation_steps=K`` the step spans the micro-batches of one optimizer
+step. Per-sample losses come from the model's output and the ``labels`` (causal LM,
+sequence or token classification), normalized as the Trainer normalizes its loss
+(``num_items_in_batch``). Cockpit's step numbers are the Trainer's ``global_step`` of each
+update (from 1), so ``cockpit/grad_norm/total`` and the Trainer's ``grad_norm`` of an update
+share their step. Every scalar goes through ``Trainer.log`` to the ``report_to``
+integrations and the log history (not to the console); the console gets one short line per
+logging step. Findings of ``diagnoses=[...]`` go to the ``transformers`` logging (logger
+:data:`LOGGER_NAME`) and their counts through ``Trainer.log``.
 
-- :class:`CockpitCallback` builds the Cockpit at ``on_train_begin`` from the parameters of
-  the optimizer, attaches it to the model (``cp.attach``: module hooks serve per-sample
-  statistics, ``docs/any_model.md``) and closes it at ``on_train_end``;
-- :class:`CockpitMixin` wraps ``training_step``: the Trainer's own code computes the loss
-  (the user's ``compute_loss`` included) and the mixin runs ``accelerator.backward`` inside
-  the Cockpit step, with ``retain_graph`` when Hessian-vector products need the graph. With
-  ``gradient_accumulation_steps=K`` the step spans the micro-batches the Trainer collects
-  for one optimizer step (``get_batch_samples``), each in ``run.micro_batch``; the step
-  closes after the last backward pass, before clipping. Every scalar goes through
-  ``Trainer.log`` to the ``report_to`` integrations (keys ``cockpit/<quantity>/...``).
-
-Findings of ``diagnoses=[...]`` go to the ``transformers`` logging (logger
-:data:`LOGGER_NAME`) and their counts through ``Trainer.log``
-(``cockpit/findings/<severity>``).
-
-Mixed precision: with ``fp16=True`` the Accelerator's ``GradScaler`` is passed as
-``info["grad_scaler"]``. ``CockpitTrainer`` (a ``Trainer`` with its own Cockpit, the
-previous API) still works and warns. Install with ``pip install cockpit-core[huggingface]``.
+:class:`CockpitMixin` (``class MyTrainer(CockpitMixin, Trainer)``), the previous way to
+host the callback, still works; ``CockpitTrainer`` is deprecated. Mixed precision: with
+``fp16=True`` the Accelerator's ``GradScaler`` is passed as ``info["grad_scaler"]``.
+Install with ``pip install cockpit-core[huggingface]``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import torch
+
 try:
-    from transformers import Trainer, TrainerCallback
+    from tqdm.auto import tqdm
+    from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
     from transformers.utils import logging as hf_logging
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -52,32 +54,46 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from cockpit_core.cockpit import Cockpit
 from cockpit_core.diagnosis import Finding
-from cockpit_core.errors import MisuseError
-from cockpit_core.integrations._parameters import batch_size_of, trainable_named_parameters
-from cockpit_core.integrations.reporting import FindingReporter, ScalarReporter
+from cockpit_core.errors import CockpitWarning, MisuseError
+from cockpit_core.integrations._hf_host import TrainerHost
+from cockpit_core.integrations._parameters import trainable_named_parameters
+from cockpit_core.integrations._per_sample import LossSpec, check_loss_spec, loss_for_attach
+from cockpit_core.integrations.reporting import FindingReporter, Headline, ScalarReporter
 
 InfoFn = Callable[[dict[str, Any], Any], dict[str, Any]]
-MICRO_KEYS = ("loss", "individual_losses", "batch_size")
 LOGGER_NAME = "transformers.cockpit"
 """The logger of findings: a child of the ``transformers`` library logger, so its handler,
 ``TrainingArguments(log_level=..., log_level_replica=...)`` and
 ``transformers.logging.set_verbosity_*`` apply."""
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+STATE_FILE = "cockpit_state.pt"
+"""The Cockpit's state (``cp.state_dict()``) in each checkpoint folder of the Trainer."""
+_FRAMES = 12  # how far up the stack the Trainer that calls the callback is looked for
 
 
 class CockpitCallback(TrainerCallback):
-    """Build, attach, report and close a Cockpit for a Trainer that mixes in :class:`CockpitMixin`.
+    """Track a Trainer's run: add to ``Trainer(callbacks=[...])``, nothing else.
 
     Args:
         cockpit: A ready Cockpit over the model's parameters; ``None``: built from
             ``quantities`` when training begins.
         quantities: What to track (as ``Cockpit(..., quantities)``; default ``"economy"``).
         attach: Attach a built Cockpit to the model (module hooks, any model).
-        loss_fn: Per-sample loss for ``cp.attach`` (only the ``torch.func`` provider needs
-            it, and then ``info["inputs"]``/``info["targets"]`` from ``cockpit_info``).
-        cockpit_info: Optional ``fn(inputs, outputs) -> dict`` adding ``info`` keys (e.g.
-            ``individual_losses``); ``loss``, ``batch_size`` and ``optimizer`` are set.
-        report: Send every scalar through ``Trainer.log`` (``report_to``).
+        loss_fn: The per-sample loss: ``"auto"`` (default: ``causal_lm`` for a causal LM,
+            ``cross_entropy``/``mse``/``bce_with_logits`` for sequence classification by the
+            model's ``problem_type``, ``cross_entropy`` per token for token classification,
+            else what fits the logits and labels), a name of :mod:`cockpit_core.losses`,
+            a callable ``loss(outputs, labels) -> [B]`` whose mean is the loss your
+            ``compute_loss`` returns, or ``None`` (none). It is checked once against the
+            Trainer's loss. A name or callable also goes to ``cp.attach`` (the
+            ``torch.func`` provider's loss).
+        cockpit_info: Optional ``fn(inputs, outputs) -> dict`` of more ``info`` per
+            micro-batch, every key forwarded (``inputs`` before the labels are popped,
+            ``outputs`` the model's output); its ``individual_losses`` replace cockpit's.
+        report: Send every scalar through ``Trainer.log`` (``report_to`` integrations and
+            ``state.log_history``, not the console) at its step.
+        console: One line per logging step of the Trainer with a few headline values
+            (``True``), the given tags (``["grad_norm/total", "alpha/alpha"]``), or none.
         prefix: First part of the reported keys (``cockpit/loss``, ...).
         per_param: Report per-parameter scalars (``cockpit/grad_norm/<param>``) ...
         per_param_max: ... while the Cockpit tracks at most this many parameters.
@@ -90,8 +106,9 @@ class CockpitCallback(TrainerCallback):
             ``on_error``, ``sinks``, ``backend``, ...).
 
     Raises:
-        MisuseError: A Cockpit together with ``quantities`` or options; training begins
-            in a Trainer without :class:`CockpitMixin`.
+        MisuseError: A Cockpit together with ``quantities`` or options, an unknown loss
+            name; at the first step, quantities that need per-sample losses when none
+            can be computed (the message says why and what to pass).
 
     """
 
@@ -101,11 +118,12 @@ class CockpitCallback(TrainerCallback):
         *,
         quantities: Any = None,
         attach: bool = True,
-        loss_fn: Callable[..., Any] | None = None,
+        loss_fn: LossSpec = "auto",
         cockpit_info: InfoFn | None = None,
         report: bool = True,
+        console: bool | Sequence[str] = True,
         prefix: str = "cockpit",
-        per_param: bool = True,
+        per_param: bool = False,
         per_param_max: int = 32,
         findings: bool = True,
         **cockpit_options: Any,
@@ -124,50 +142,142 @@ class CockpitCallback(TrainerCallback):
         self.given = cockpit is not None
         self.quantities = "economy" if quantities is None else quantities
         self.options = dict(cockpit_options)
-        self.attach, self.loss_fn, self.cockpit_info = attach, loss_fn, cockpit_info
-        self.report, self.prefix = report, prefix
+        self.attach, self.loss_fn = attach, check_loss_spec(loss_fn)
+        self.cockpit_info = cockpit_info
+        self.report, self.console, self.prefix = report, console, prefix
         self.per_param, self.per_param_max = per_param, per_param_max
         self.findings = findings
-        self.host: Any = None  # the Trainer (set by CockpitMixin)
+        self.host: Any = None  # the Trainer
+        self.closed = False
+        self.resume_from: Path | None = None  # the checkpoint train() resumes from
+        self._headline: Headline | None = None
+        self._host: TrainerHost | None = None
+
+    def bind(self, trainer: Any) -> None:
+        """Serve ``trainer`` (the callback finds it itself; :class:`CockpitMixin` calls this).
+
+        Raises:
+            MisuseError: ``trainer`` has another CockpitCallback already.
+
+        """
+        if self.host is trainer:
+            return
+        self._host = TrainerHost(trainer, self)
+        self.host = trainer
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer is built: find it."""
+        if self.host is None:
+            trainer = _calling_trainer(self)
+            if trainer is not None:
+                self.bind(trainer)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Build (unless given) and attach the Cockpit; report through the Trainer."""
-        if self.host is None:
-            raise MisuseError(
-                "cockpit's Hugging Face CockpitCallback needs the Trainer to mix in "
-                "CockpitMixin, which runs backward inside the Cockpit step: "
-                "class MyTrainer(CockpitMixin, Trainer): ... (mixin first)."
-            )
+        if self.host is None:  # added with trainer.add_callback after the Trainer was built
+            trainer = _calling_trainer(self)
+            if trainer is None:
+                raise MisuseError(
+                    "cockpit's CockpitCallback could not find the Trainer that runs it; "
+                    "pass it as Trainer(..., callbacks=[CockpitCallback(...)]), or build the "
+                    "Trainer from class MyTrainer(CockpitMixin, Trainer)."
+                )
+            self.bind(trainer)
+        model: Any = kwargs.get("model")
         if not self.given:
-            model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
-            named = trainable_named_parameters(model, optimizer)
+            named = trainable_named_parameters(model, kwargs.get("optimizer"))
             self.cockpit = Cockpit(named, self.quantities, **self.options)
             if self.attach:
-                self.cockpit.attach(model, self.loss_fn)
+                self.cockpit.attach(model, loss_for_attach(self.loss_fn))
+        self.closed = False
+        cp = self.cockpit
+        assert cp is not None and self._host is not None
+        self._load_state(cp)
         emit = functools.partial(_trainer_log, self.host) if self.report else None
         if self.findings:
-            FindingReporter(_log_finding, emit, self.prefix).follow(self.cockpit)
+            FindingReporter(_log_finding, emit, self.prefix).follow(cp)
+        keep = (ScalarReporter, Headline)  # a second train(): one of each, to this Trainer
+        cp.sinks[:] = [s for s in cp.sinks if not isinstance(s, keep)]
         if emit is not None:
-            sinks = self.cockpit.sinks  # a second train(): one reporter, to this Trainer
-            sinks[:] = [s for s in sinks if not isinstance(s, ScalarReporter)]
-            ScalarReporter(emit, self.prefix, self.per_param, self.per_param_max).follow(
-                self.cockpit
+            ScalarReporter(emit, self.prefix, self.per_param, self.per_param_max).follow(cp)
+        self._headline = None
+        if self.console:
+            tags = None if self.console is True else list(self.console)  # type: ignore[arg-type]
+            self._headline = Headline(tags).follow(cp)
+        self._host.start(model)
+
+    def resuming(self, checkpoint: str | bool | None) -> None:
+        """``trainer.train(resume_from_checkpoint=checkpoint)`` begins: remember the folder.
+
+        ``True`` means the last checkpoint in ``args.output_dir``, as the Trainer reads it.
+        """
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.host.args.output_dir)
+        self.resume_from = Path(checkpoint) if isinstance(checkpoint, (str, Path)) else None
+
+    def _load_state(self, cp: Cockpit) -> None:
+        """Continue the Cockpit of the checkpoint training resumes from, if it holds one."""
+        folder, self.resume_from = self.resume_from, None
+        if folder is None:
+            return
+        path = folder / STATE_FILE
+        if not path.is_file():
+            warnings.warn(
+                f"cockpit: the checkpoint {folder} holds no {STATE_FILE} (saved without "
+                "cockpit's CockpitCallback?): the quantities start afresh (distance from "
+                "here).",
+                CockpitWarning,
+                stacklevel=2,
             )
+            return
+        cp.load_state_dict(torch.load(path, weights_only=True))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The Trainer saved a checkpoint: write the Cockpit's state into its folder.
+
+        ``<output_dir>/checkpoint-<global_step>/cockpit_state.pt``, which
+        ``trainer.train(resume_from_checkpoint=...)`` loads when training resumes.
+        """
+        cp = self.cockpit
+        if cp is None or not args.should_save:
+            return
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if folder.is_dir():
+            torch.save(cp.state_dict(), folder / STATE_FILE)
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+    ) -> None:
+        """After the Trainer's own training log: the console line of cockpit's newest values."""
+        if self._headline is None or not logs or "loss" not in logs:
+            return
+        line = self._headline.line()
+        if line is not None and state.is_world_process_zero:
+            tqdm.write(line, file=sys.stdout)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Close the Cockpit: flush its log and sinks."""
-        if self.cockpit is not None:
+        if self._host is not None:
+            self._host.stop()
+        self._close()
+
+    def abort(self, err: BaseException) -> None:
+        """Training stopped with ``err``: leave the open step and close the Cockpit."""
+        if self._host is not None:
+            self._host.abort(err)
+        self._close()
+
+    def _close(self) -> None:
+        if self.cockpit is not None and not self.closed:
+            self.closed = True
             self.cockpit.close()
 
 
 class CockpitMixin:
-    """Runs each ``backward`` of a Trainer inside the step of its :class:`CockpitCallback`.
+    """Optional: ``class MyTrainer(CockpitMixin, Trainer)`` hosts the :class:`CockpitCallback`.
 
-    Put it first among the bases, ``class MyTrainer(CockpitMixin, MyTrainerBase)``, and
-    pass ``callbacks=[CockpitCallback(...)]``. The step number is ``state.global_step``
-    (optimizer steps). ``info`` holds ``loss`` (the loss the Trainer backpropagates,
-    divided for gradient accumulation; not scaled by a ``GradScaler``), ``batch_size``,
-    ``optimizer``, ``grad_scaler`` (with ``fp16``) and what ``cockpit_info`` adds.
+    :class:`CockpitCallback` finds its Trainer by itself; the mixin (the earlier API) binds
+    it explicitly when the Trainer is built and offers ``trainer.cockpit``.
 
     Raises:
         MisuseError: No, or more than one, :class:`CockpitCallback` among the callbacks.
@@ -176,120 +286,29 @@ class CockpitMixin:
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        found = [c for c in self.callback_handler.callbacks if isinstance(c, CockpitCallback)]
+        handler = self.callback_handler  # type: ignore[attr-defined]  # the Trainer's
+        found = [c for c in handler.callbacks if isinstance(c, CockpitCallback)]
         if len(found) != 1:
             raise MisuseError(
                 f"{type(self).__name__} (CockpitMixin) needs exactly one "
                 f"cockpit_core.integrations.huggingface.CockpitCallback among its callbacks, "
                 f"found {len(found)}: pass callbacks=[CockpitCallback(quantities=...)]."
             )
-        found[0].host = self
+        found[0].bind(self)
         self.cockpit_callback: CockpitCallback = found[0]
-        self._cockpit_sizes: list[int | None] | None = None  # micro-batches of this step
-        self._cockpit_index = 0
-        self._cockpit_run: Any = None
-        self._cockpit_step: tuple[Cockpit, int, int, int | None] | None = None
-        self._cockpit_extra: dict[str, Any] = {}
 
     @property
     def cockpit(self) -> Cockpit | None:
         """The Cockpit of the :class:`CockpitCallback` (built when training begins)."""
         return self.cockpit_callback.cockpit
 
-    def get_batch_samples(self, *args: Any, **kwargs: Any) -> Any:
-        """The Trainer's micro-batches of one optimizer step; their sizes are noted."""
-        batches, num_items = super().get_batch_samples(*args, **kwargs)
-        self._cockpit_sizes = [batch_size_of(b) for b in batches]
-        self._cockpit_index = 0
-        return batches, num_items
-
-    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, **kwargs: Any):
-        """The Trainer's (or the base class's) loss; ``cockpit_info`` sees inputs and outputs."""
-        fn = self.cockpit_callback.cockpit_info
-        if fn is None or self._cockpit_step is None:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
-        seen = dict(inputs)  # compute_loss may pop the labels
-        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, **kwargs)
-        self._cockpit_extra = dict(fn(seen, outputs) or {})
-        return (loss, outputs) if return_outputs else loss
-
-    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        """The Trainer's training step, its ``backward`` inside the Cockpit step."""
-        cp = self.cockpit
-        if cp is None:
-            return super().training_step(model, inputs, *args, **kwargs)
-        size = batch_size_of(inputs)
-        sizes = self._window_sizes(size)
-        first, last = self._cockpit_index == 0, self._cockpit_index == len(sizes) - 1
-        self._cockpit_index += 1
-        step = int(self.state.global_step)
-        if first and len(sizes) > 1:
-            total = sum(sizes) if None not in sizes else None  # type: ignore[arg-type]
-            self._cockpit_run = cp(step, info=self._step_info(total), accumulate=True)
-            self._cockpit_run.__enter__()
-        self._cockpit_step, self._cockpit_extra = (cp, step, len(sizes), size), {}
-        accelerator = self.accelerator
-        own = accelerator.__dict__.get("backward")
-        accelerator.backward = functools.partial(self._cockpit_backward, accelerator.backward)
-        try:
-            out = super().training_step(model, inputs, *args, **kwargs)
-        except BaseException as err:
-            self._close_run(err)
-            raise
-        finally:
-            self._cockpit_step = None
-            if own is None:
-                del accelerator.__dict__["backward"]
-            else:
-                accelerator.backward = own
-        if last:
-            self._close_run(None)
-            self._cockpit_sizes = None
-        return out
-
-    def _window_sizes(self, size: int | None) -> list[int | None]:
-        """Sizes of this optimizer step's micro-batches (K equal ones if unknown)."""
-        if self._cockpit_sizes is None or self._cockpit_index >= len(self._cockpit_sizes):
-            self._cockpit_sizes = [size] * int(self.args.gradient_accumulation_steps)
-            self._cockpit_index = 0
-        return self._cockpit_sizes
-
-    def _step_info(self, batch_size: int | None) -> dict[str, Any]:
-        info: dict[str, Any] = {"batch_size": batch_size, "optimizer": self.optimizer}
-        scaler = getattr(self.accelerator, "scaler", None)
-        if scaler is not None:
-            info["grad_scaler"] = scaler
-        return info
-
-    def _cockpit_backward(self, backward: Callable[..., Any], loss: Any, **kwargs: Any) -> Any:
-        """``accelerator.backward`` inside the Cockpit step (or micro-batch)."""
-        assert self._cockpit_step is not None
-        cp, step, count, size = self._cockpit_step
-        info = {**self._step_info(size), "loss": loss, **self._cockpit_extra}
-        if cp.retain_graph(step) and not kwargs.get("retain_graph"):
-            kwargs["retain_graph"] = True
-        if count == 1:
-            with cp(step, info=info):
-                return backward(loss, **kwargs)
-        with self._cockpit_run.micro_batch({k: info[k] for k in MICRO_KEYS if k in info}):
-            return backward(loss, **kwargs)
-
-    def _close_run(self, err: BaseException | None) -> None:
-        run, self._cockpit_run = self._cockpit_run, None
-        if run is None:
-            return
-        if err is None:
-            run.__exit__(None, None, None)
-        else:
-            run.__exit__(type(err), err, err.__traceback__)
-
 
 class CockpitTrainer(CockpitMixin, Trainer):
     """Deprecated: a :class:`transformers.Trainer` tracking a given Cockpit.
 
-    Use ``class MyTrainer(CockpitMixin, Trainer)`` with ``callbacks=[CockpitCallback(...)]``
-    instead; it composes with your own Trainer subclass. This class now does exactly that
-    (so the Cockpit is closed at the end of training and gradient accumulation works).
+    Use ``Trainer(..., callbacks=[CockpitCallback(...)])`` instead; it composes with your
+    own Trainer subclass. This class now does exactly that (so the Cockpit is closed at the
+    end of training and gradient accumulation works).
 
     Args:
         cockpit: The Cockpit, built from the model's parameters.
@@ -300,16 +319,37 @@ class CockpitTrainer(CockpitMixin, Trainer):
 
     def __init__(self, *args: Any, cockpit: Cockpit, cockpit_info: InfoFn | None = None, **kwargs):
         warnings.warn(
-            "CockpitTrainer is deprecated: use class MyTrainer(CockpitMixin, Trainer) with "
-            "callbacks=[CockpitCallback(cockpit)] (or CockpitCallback(quantities=...)), "
-            "from cockpit_core.integrations.huggingface; see docs/integrations.md.",
+            "CockpitTrainer is deprecated: use Trainer(..., callbacks=[CockpitCallback(cockpit)]) "
+            "(or CockpitCallback(quantities=...)), from cockpit_core.integrations.huggingface; "
+            "see docs/integrations.md.",
             FutureWarning,
             stacklevel=2,
         )
-        callback = CockpitCallback(cockpit, cockpit_info=cockpit_info, report=False)
+        callback = CockpitCallback(
+            cockpit, cockpit_info=cockpit_info, report=False, console=False, loss_fn=None
+        )
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), callback]
         super().__init__(*args, **kwargs)
         self.cockpit_info = cockpit_info
+
+
+def _calling_trainer(callback: CockpitCallback) -> Any:
+    """The Trainer up the call stack whose callbacks hold ``callback``, if any.
+
+    The callback's ``on_init_end`` and ``on_train_begin`` are called from the Trainer's own
+    methods, whose frames hold the Trainer as ``self``.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_FRAMES):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer) and any(
+            c is callback for c in candidate.callback_handler.callbacks
+        ):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 def _log_finding(finding: Finding, text: str) -> None:
@@ -318,17 +358,21 @@ def _log_finding(finding: Finding, text: str) -> None:
 
 
 def _trainer_log(trainer: Any, step: int, scalars: dict[str, float]) -> None:
-    """Report the scalars of ``step`` through ``Trainer.log``, stamped with that step.
+    """Report the scalars of ``step`` through ``Trainer.log``, stamped with that step, quietly.
 
     ``Trainer.log`` stamps its logs (the log history, every ``report_to`` callback) with
-    ``state.global_step``. The values of two-step quantities (``alpha``, ``update_size``) of
-    step ``t`` arrive while the Trainer is at ``t + 1``, so ``global_step`` is set to ``step``
-    for the call and restored after it.
+    ``state.global_step``: it is set to ``step`` for the call (the values of step ``t`` come
+    while the Trainer is at ``t - 1``, those of ``alpha`` and ``update_size`` at ``t``) and
+    restored after it. The Trainer's console printers and the cockpit callbacks are left
+    out of the call: the console gets one line per logging step instead (``console``).
     """
-    state = trainer.state
-    current = state.global_step
+    state, handler = trainer.state, trainer.callback_handler
+    current, callbacks = state.global_step, handler.callbacks
+    quiet = (ProgressCallback, PrinterCallback, CockpitCallback)
     state.global_step = step
+    handler.callbacks = [c for c in callbacks if not isinstance(c, quiet)]
     try:
         trainer.log(dict(scalars))
     finally:
+        handler.callbacks = callbacks
         state.global_step = current

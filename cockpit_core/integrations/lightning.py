@@ -15,9 +15,12 @@ the Cockpit step opens in the first and closes in the second; with
 products by :class:`~cockpit_core.integrations._lightning_graph.GraphKeeper`; every scalar
 goes to the Trainer's loggers (``cockpit/<quantity>/...``), the dashboard to TensorBoard
 loggers at the end, findings of ``diagnoses=[...]`` as rank-zero warnings and counts
-(``cockpit/findings/<severity>``). Optional: ``self.cockpit_info = {...}`` in
-``training_step`` adds ``info`` keys. See ``docs/integrations.md``. Install:
-``pip install cockpit-core[lightning]``.
+(``cockpit/findings/<severity>``). Per-sample losses (for ``alpha``, ``early_stopping``)
+come from the module's output and the batch's targets
+(:mod:`cockpit_core.integrations._per_sample`). However training ends, the Cockpits are
+closed and Lightning's ``backward`` restored, without hiding the exception that stopped
+it. Optional: ``self.cockpit_info = {...}`` in ``training_step`` adds ``info`` keys. See
+``docs/integrations.md``. Install: ``pip install cockpit-core[lightning]``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -48,6 +53,17 @@ from cockpit_core.integrations._parameters import (
     reached_parameters,
     trainable_named_parameters,
 )
+from cockpit_core.integrations._per_sample import (
+    LossMatcher,
+    LossSpec,
+    OutputCatcher,
+    check_loss_spec,
+    loss_for_attach,
+    losses_needed,
+    missing_losses_message,
+    scaled,
+    targets_of,
+)
 from cockpit_core.integrations.reporting import (
     FindingReporter,
     ScalarReporter,
@@ -55,7 +71,9 @@ from cockpit_core.integrations.reporting import (
 )
 from cockpit_core.mixed_precision import loss_scale
 
-MICRO_KEYS = ("loss", "individual_losses", "batch_size")
+STEP_ONLY = ("loss", "individual_losses", "batch_size")
+"""``info`` keys that an accumulated step takes per micro-batch only (summed, concatenated,
+and the step's own batch size); every key goes to each micro-batch."""
 
 
 class CockpitCallback(Callback):
@@ -67,8 +85,17 @@ class CockpitCallback(Callback):
             ``None``: the callback builds them from ``quantities`` at the start of training.
         quantities: What to track (as ``Cockpit(..., quantities)``; default ``"economy"``).
         attach: Attach built Cockpits to the LightningModule (module hooks, any model).
-        loss_fn: Per-sample loss for ``cp.attach`` (only the ``torch.func`` provider
-            needs it, and then also ``info["inputs"]``/``info["targets"]``).
+        loss_fn: The per-sample loss, for quantities that need ``info["individual_losses"]``
+            (``alpha``, ``early_stopping``): ``"auto"`` (default: what fits the model's
+            output and the batch's targets, ``cross_entropy`` for class scores and class
+            ids), a name of :mod:`cockpit_core.losses` (``"cross_entropy"``, ``"mse"``,
+            ``"bce_with_logits"``, ``"causal_lm"``), a callable ``loss(outputs, targets)
+            -> [B]`` whose mean is the loss ``training_step`` returns, or ``None`` (none).
+            Computed from the output of the module (or of the child module
+            ``training_step`` calls last) and the batch's targets (the last item of an
+            ``(inputs, targets)`` batch, or ``batch["labels"]``), and checked once against
+            the loss ``training_step`` returns. A name or callable also goes to
+            ``cp.attach`` (the ``torch.func`` provider's loss).
         log_to_loggers: Send every scalar to the Trainer's loggers at its step.
         prefix: First part of the logged keys (``cockpit/loss``, ...).
         per_param: Log per-parameter scalars (``cockpit/grad_norm/<param>``) ...
@@ -102,7 +129,7 @@ class CockpitCallback(Callback):
         *,
         quantities: Any = None,
         attach: bool = True,
-        loss_fn: Callable[..., Any] | None = None,
+        loss_fn: LossSpec = "auto",
         log_to_loggers: bool = True,
         prefix: str = "cockpit",
         per_param: bool = True,
@@ -124,7 +151,7 @@ class CockpitCallback(Callback):
             self.cockpits = _given(cockpit)
         self.quantities = "economy" if quantities is None else quantities
         self.options = dict(cockpit_options)
-        self.attach, self.loss_fn = attach, loss_fn
+        self.attach, self.loss_fn = attach, check_loss_spec(loss_fn)
         self.log_to_loggers, self.prefix = log_to_loggers, prefix
         self.per_param, self.per_param_max = per_param, per_param_max
         self.dashboard, self.dashboard_dpi = dashboard, dashboard_dpi
@@ -139,6 +166,12 @@ class CockpitCallback(Callback):
         self._last: dict[int, int] = {}  # id(Cockpit) -> the step of its last backward
         self._warned: set[str] = set()
         self._built = False  # the Cockpits are the callback's own
+        self._closed = False
+        self._batch: Any = None
+        self._catcher: OutputCatcher | None = None
+        self._matchers: dict[int, LossMatcher] = {}  # id(Cockpit) -> its per-sample losses
+        self._needed: dict[int, list[str]] = {}  # id(Cockpit) -> quantities needing them
+        self._resume: dict[str, Any] = {}  # states of a checkpoint, loaded at on_train_start
 
     @property
     def cockpit(self) -> Cockpit:
@@ -157,6 +190,7 @@ class CockpitCallback(Callback):
         if not automatic:
             self._accumulate = 1  # Lightning refuses it for manual optimization
         self._steps, self._batches, self._last = {}, 0, {}
+        self._closed = False
         if self._built or not self.cockpits:  # a second fit gets fresh Cockpits
             self.cockpits = self._build(pl_module, optimizers, automatic)
             self._built = True
@@ -169,6 +203,10 @@ class CockpitCallback(Callback):
                 f"CockpitCallback: optimizer index(es) {unknown} given, but the "
                 f"LightningModule configures {len(optimizers)} optimizer(s)."
             )
+        resume, self._resume = self._resume, {}
+        for index, cp in self.cockpits.items():  # Trainer.fit(ckpt_path=...): continue
+            if str(index) in resume:
+                cp.load_state_dict(resume[str(index)])
         self._keeper.install(trainer)
         logged = self.log_to_loggers and bool(trainer.loggers)
         emit = functools.partial(_log_metrics, trainer) if logged else None
@@ -183,13 +221,39 @@ class CockpitCallback(Callback):
         pl_module.cockpit = self.cockpit
         if len(self.cockpits) > 1:
             pl_module.cockpits = dict(self.cockpits)
+        self._needed = {id(cp): losses_needed(cp) for cp in self.cockpits.values()}
+        self._matchers = {id(cp): LossMatcher(self.loss_fn) for cp in self.cockpits.values()}
+        self._remove_catcher()
+        if self.loss_fn is not None and any(self._needed.values()):
+            self._catcher = OutputCatcher(pl_module)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Cockpits' states for Lightning's checkpoint (``cp.state_dict()`` of each).
+
+        ``{"cockpits": {"<optimizer index>": state}}``; empty before training starts.
+        """
+        if not self.cockpits:
+            return {}
+        return {"cockpits": {str(i): cp.state_dict() for i, cp in self.cockpits.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the Cockpits' states of a checkpoint (``Trainer.fit(ckpt_path=...)``).
+
+        Lightning restores callbacks before training starts; ``on_train_start`` loads each
+        state into the Cockpit of its optimizer once it is built, so every quantity
+        continues (``distance`` from the first run's origin, two-step starts, ...).
+        """
+        self._resume = dict(state_dict.get("cockpits") or {})
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Count training batches; read the batch size."""
+        """Count training batches; read the batch size; note the model's output from now on."""
         self._batches += 1
         self._batch_size = batch_size_of(batch)
+        self._batch = batch
+        if self._catcher is not None:
+            self._catcher.reset(self._batch_size)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         """Enter the step (or the micro-batch) of the Cockpit this backward pass belongs to."""
@@ -212,15 +276,18 @@ class CockpitCallback(Callback):
             info["grad_scaler"] = scaler
             info["loss"] = loss / loss_scale(scaler)
         info.update(extra)
+        if self._accumulate == 1 and self._last.get(id(cp)) == step:
+            raise MisuseError(second_backward_message(index, step, self._batches - 1))
+        if "individual_losses" not in info and self._needed.get(id(cp)):
+            info["individual_losses"] = self._individual_losses(cp, info["loss"])
         self._keeper.want(cp.retain_graph(step))
         if self._accumulate > 1:
             self._micro_batch(cp, step, info)
             return
-        if self._last.get(id(cp)) == step:
-            raise MisuseError(second_backward_message(index, step, self._batches - 1))
+        run = cp(step, info=info)
+        run.__enter__()  # raises on a misuse: nothing to leave then
+        self._run = run
         self._last[id(cp)] = step
-        self._run = cp(step, info=info)
-        self._run.__enter__()
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         """Leave the step (or micro-batch): before clipping and ``optimizer.step``."""
@@ -243,29 +310,43 @@ class CockpitCallback(Callback):
             self._check_window(window)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """Leave a step that ``backward`` interrupted."""
+        """Leave an interrupted step, close the Cockpits (their logs), restore Lightning.
+
+        Nothing here raises: the exception that stopped training stays the one you see.
+        """
         args = (type(exception), exception, exception.__traceback__)
         window, self._window = self._window, None
-        if window is not None:
-            for ctx in (window.micro, window.run):
-                if ctx is not None:
-                    ctx.__exit__(*args)
         run, self._run = self._run, None
-        if run is not None:
-            run.__exit__(*args)
-        self._keeper.remove()
+        contexts = [] if window is None else [window.micro, window.run]
+        for ctx in [*contexts, run]:
+            if ctx is not None:
+                _quietly(ctx.__exit__, *args)
+        self._finish()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Close the Cockpits; the dashboard to loggers that take images."""
-        self._keeper.remove()
-        for cp in self.cockpits.values():
-            cp.close()
-        if self.dashboard and self.log_to_loggers:
+        closing = not self._closed
+        self._finish()
+        if closing and self.dashboard and self.log_to_loggers:
             self._log_dashboards(trainer)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Restore Lightning's ``backward`` even if training stopped early."""
+        """Restore Lightning's ``backward`` and close the Cockpits, however training ended."""
+        if stage == "fit":
+            self._finish()
+        else:
+            self._keeper.remove()
+
+    def _finish(self) -> None:
+        """Restore Lightning's ``backward``, remove the output hooks, close the Cockpits once."""
         self._keeper.remove()
+        self._remove_catcher()
+        self._batch = None
+        if self._closed:
+            return
+        self._closed = True
+        for cp in self.cockpits.values():
+            _quietly(cp.close)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -285,7 +366,7 @@ class CockpitCallback(Callback):
                 options["log"] = path.with_name(f"{path.stem}.optimizer_{index}{path.suffix}")
             cp = Cockpit(trainable_named_parameters(pl_module, opt), self.quantities, **options)
             if self.attach:
-                cp.attach(pl_module, self.loss_fn)
+                cp.attach(pl_module, loss_for_attach(self.loss_fn))
             out[index] = cp
         return out
 
@@ -295,18 +376,70 @@ class CockpitCallback(Callback):
         return self.prefix
 
     def _micro_batch(self, cp: Cockpit, step: int, info: dict[str, Any]) -> None:
-        """Open the accumulated step at its first backward pass; enter this micro-batch."""
+        """Open the accumulated step at its first backward pass; enter this micro-batch.
+
+        Every ``info`` key goes to the micro-batch (``inputs`` and ``targets`` of
+        ``cockpit_info`` too); ``loss``, ``individual_losses`` and ``batch_size`` are the
+        micro-batch's only.
+        """
         size = info.get("batch_size")
         if self._window is None:
-            total = None if size is None else int(size) * self._accumulate
-            step_info = {k: v for k, v in info.items() if k not in MICRO_KEYS}
+            step_info = {k: v for k, v in info.items() if k not in STEP_ONLY}
+            total = self._total(size)
             run = cp(step, info={**step_info, "batch_size": total}, accumulate=True)
-            run.__enter__()
+            run.__enter__()  # raises on a misuse: nothing to leave then
             self._window = AccumulatedStep(run)
         window = self._window
         window.sizes.append(size)
-        window.micro = window.run.micro_batch({k: info[k] for k in MICRO_KEYS if k in info})
-        window.micro.__enter__()
+        micro = window.run.micro_batch(info)
+        micro.__enter__()
+        window.micro = micro
+
+    def _total(self, size: Any) -> int | None:
+        """Samples of an accumulated step: ``K`` micro-batches of the first one's size."""
+        return None if size is None else int(size) * self._accumulate
+
+    def _individual_losses(self, cp: Cockpit, loss: Any) -> Any:
+        """Per-sample losses ``l_n`` of this backward pass from the model's output and targets.
+
+        Lightning backpropagates the loss of ``training_step`` divided by
+        ``accumulate_grad_batches`` (``K``, automatic optimization), so ``loss_k = mean(p) /
+        K`` for the named loss's ``p_n``, and cockpit's ``loss_k = (B_k / B) mean(l)`` gives
+        ``l_n = p_n B / (K B_k)`` (``p_n`` itself for ``K`` equal micro-batches).
+
+        Raises:
+            MisuseError: They cannot be computed (the message says why and what to do).
+
+        """
+        divided = self._accumulate  # 1 without accumulation and in manual optimization
+        output = self._catcher.take() if self._catcher is not None else None
+        matcher = self._matchers[id(cp)]
+        losses = None
+        if self.loss_fn is not None and isinstance(loss, Tensor):
+            expected = loss.detach().float() * divided
+            losses = matcher(output, targets_of(self._batch), expected)
+        if losses is None:
+            raise MisuseError(
+                missing_losses_message(
+                    self._needed[id(cp)],
+                    matcher.failure or "loss_fn=None asks for none",
+                    "Pass CockpitCallback(..., loss_fn=...): a loss name ('cross_entropy', "
+                    "'mse', 'bce_with_logits', 'causal_lm') or a callable loss(outputs, "
+                    "targets) -> [B] whose mean is the loss training_step returns (e.g. "
+                    "F.cross_entropy(outputs, targets, reduction='none', <your options>)); or "
+                    "set self.cockpit_info = {'individual_losses': ...} in training_step; or "
+                    "leave out those quantities.",
+                )
+            )
+        size = self._batch_size
+        total = self._total(size) if divided > 1 else size
+        share = size / total if size and total else 1.0
+        return scaled(losses, share, 1.0 / divided)
+
+    def _remove_catcher(self) -> None:
+        catcher, self._catcher = self._catcher, None
+        if catcher is not None:
+            catcher.stop()
 
     def _check_window(self, window: AccumulatedStep) -> None:
         """Warn once if the accumulated batch was not ``K`` equal micro-batches."""
@@ -380,6 +513,18 @@ def _given(cockpit: Any) -> dict[int | None, Cockpit]:
         "CockpitCallback needs a Cockpit, a mapping {optimizer_index: Cockpit}, or "
         "quantities=... (e.g. CockpitCallback(quantities='economy'))."
     )
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn`` while an exception propagates: its own failure only warns."""
+    try:
+        fn(*args)
+    except Exception as err:
+        warnings.warn(
+            f"cockpit: cleaning up after the exception failed too: {err} ({type(err).__name__})",
+            CockpitWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_finding(finding: Finding, text: str) -> None:

@@ -7,14 +7,14 @@ record into ``{tag: float}`` with the tag names of every other tracker sink
 ``emit(step, scalars)``: Lightning's ``logger.log_metrics``, the Hugging Face Trainer's
 ``log``. :class:`FindingReporter` hands each new finding of the Cockpit's diagnoses to the
 host (its warning or logging utility) and the number of findings so far by severity to
-``emit``. :func:`dashboard_image` renders the dashboard as an RGB array for loggers that
-take images.
+``emit``. :class:`Headline` keeps a few headline values for a one-line console summary.
+:func:`dashboard_image` renders the dashboard as an RGB array for loggers that take images.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,95 @@ def finding_text(finding: Finding, label: str = "cockpit") -> str:
     """``"<label>: <finding.line()>. <suggestion>"``, the words of the core's warning."""
     text = f"{label}: {finding.line()}"
     return f"{text}. {finding.suggestion}" if finding.suggestion else text
+
+
+HEADLINE = (
+    "grad_norm/total",
+    "alpha/alpha",
+    "norm_test/total",
+    "inner_test/total",
+    "ortho_test/total",
+    "mean_gsnr/total",
+    "early_stopping/total",
+    "hess_max_ev/value",
+    "hess_trace/total",
+    "tic_trace/total",
+    "update_size/total",
+    "loss",
+)
+"""Tags (without the prefix) a console line shows, in this order, as far as tracked."""
+HEADLINE_MAX = 5
+"""At most this many values per console line (of :data:`HEADLINE`)."""
+
+
+class Headline:
+    """A Cockpit sink keeping the latest value (and its step) of a few tags for a console line.
+
+    Args:
+        tags: Tags without the prefix (``"grad_norm/total"``); ``None``: the first
+            :data:`HEADLINE_MAX` of :data:`HEADLINE` that the Cockpit records.
+
+    """
+
+    def __init__(self, tags: Sequence[str] | None = None):
+        self.tags = list(tags) if tags is not None else None
+        self.map = TagMap("", per_param=False, histograms=False)
+        self.latest: dict[str, tuple[int, float]] = {}
+        self.shown = -1  # the newest step of the last line
+        self._keys: set[str] = set()
+
+    def follow(self, cp: Cockpit) -> Headline:
+        """Receive ``cp``'s records from now on."""
+        self.map.header(cp.header())
+        self._keys = {q.key for q in cp.quantities}
+        cp.sinks.append(self)
+        return self
+
+    def _chosen(self) -> list[str]:
+        """The tags of the line: given, or the first headline tags of tracked quantities."""
+        if self.tags is not None:
+            return self.tags
+        tracked = [t for t in HEADLINE if t.split("/")[0] in self._keys]
+        return tracked[:HEADLINE_MAX]
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        """Take one Cockpit record."""
+        kind = record.get("kind")
+        if kind == "header":
+            self.map.header(record)
+        elif kind == "quantity_added":
+            quantity = record.get("quantity") or {}
+            self.map.quantity_added(quantity)
+            self._keys.add(str(quantity.get("key", quantity.get("name"))))
+        elif kind == "values":
+            step = int(record["step"])
+            for event in self.map.values(record["values"]):
+                if isinstance(event, Scalar):
+                    old = self.latest.get(event.tag)
+                    if old is None or old[0] <= step:
+                        self.latest[event.tag] = (step, event.value)
+
+    def line(self) -> str | None:
+        """``cockpit step S: name value | ...`` of the newest values; ``None`` if nothing new.
+
+        A value of an earlier step (``alpha`` and ``update_size`` of step ``S`` come with step
+        ``S + 1``) carries its step: ``alpha -0.31 (step 3)``.
+        """
+        if not self.latest:
+            return None
+        newest = max(step for step, _ in self.latest.values())
+        if newest <= self.shown:
+            return None
+        self.shown = newest
+        tags = [t for t in self._chosen() if t in self.latest]
+        parts = []
+        for tag in tags:
+            step, value = self.latest[tag]
+            name = tag.removesuffix("/total").removesuffix("/value")
+            name = "alpha" if name == "alpha/alpha" else name
+            when = "" if step == newest else f" (step {step})"
+            parts.append(f"{name} {value:.4g}{when}")
+        return f"cockpit step {newest}: " + " | ".join(parts)
 
 
 class FindingReporter:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import csv
 import importlib
+import importlib.util
 import os
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,12 +217,13 @@ def plain_model(seed: int = 0) -> torch.nn.Sequential:
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
 
 
-def stock_reference(steps: int = STEPS) -> tuple[dict, list[list[torch.Tensor]]]:
+def stock_reference(steps: int = STEPS, first: int = 0) -> tuple[dict, list[list[torch.Tensor]]]:
     """A hand-written loop: SGD (lr 0.5), all 16 samples as one batch per step.
 
     A host that accumulates micro-batches of these 16 samples (in any order) must give
     the same values: every statistic here is of the mean loss of the 16 samples. Returns
-    the Cockpit output and the parameters during each step.
+    the Cockpit output (steps numbered from ``first``: the random probes of Hutchinson's
+    estimator depend on the step number) and the parameters during each step.
     """
     model = plain_model()
     opt = torch.optim.SGD(model.parameters(), lr=STOCK_LR)
@@ -230,8 +234,8 @@ def stock_reference(steps: int = STEPS) -> tuple[dict, list[list[torch.Tensor]]]
         states.append([p.detach().clone() for p in model.parameters()])
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        with cp(step, info={"loss": loss, "batch_size": len(x), "optimizer": opt}):
-            loss.backward(retain_graph=cp.retain_graph(step))
+        with cp(step + first, info={"loss": loss, "batch_size": len(x), "optimizer": opt}):
+            loss.backward(retain_graph=cp.retain_graph(step + first))
         opt.step()
     return cp.get_output(), states
 
@@ -252,25 +256,75 @@ def exact_loss_and_max_ev(params: list[torch.Tensor]) -> tuple[float, float]:
     return float(loss_of(flat)), float(torch.linalg.eigvalsh(hessian)[-1])
 
 
-def assert_logged_match(logged: dict[int, dict[str, float]], rtol: float = 1e-5) -> None:
+def assert_logged_match(
+    logged: dict[int, dict[str, float]], rtol: float = 1e-5, first: int = 0
+) -> None:
     """The host's logged scalars equal the hand-written loop's values and the brute force.
 
     Host and loop run the same float32 operations up to summation order (two
     micro-batches instead of one batch), so values agree to ``rtol`` 1e-5. The loss also
     equals its float64 value (1e-6) and ``hess_max_ev`` the largest eigenvalue of the
     explicit float64 Hessian (Lanczos stops at a relative error bound of 1e-4; 1e-3 leaves
-    room for float32 Hessian-vector products).
+    room for float32 Hessian-vector products). ``first``: the host's number of the loop's
+    step 0 (Lightning 0, Hugging Face 1: its ``global_step`` after the first update).
     """
-    expected, states = stock_reference()
-    assert sorted(logged) == sorted(expected) == list(range(STEPS))
+    expected, states = stock_reference(first=first)
+    assert sorted(logged) == sorted(expected) == list(range(first, first + STEPS))
     for step, values in expected.items():
+        got = logged[step]
         for tag, (key, field) in STOCK_TAGS.items():
             want = values[key] if field is None else values[key][field]
-            assert tag in logged[step], f"step {step}: {tag} not logged"
-            np.testing.assert_allclose(logged[step][tag], want, rtol=rtol, err_msg=f"{step} {tag}")
-        loss, max_ev = exact_loss_and_max_ev(states[step])
-        assert logged[step]["cockpit/loss"] == pytest.approx(loss, rel=1e-6)
-        assert logged[step]["cockpit/hess_max_ev/value"] == pytest.approx(max_ev, rel=1e-3)
+            assert tag in got, f"step {step}: {tag} not logged"
+            np.testing.assert_allclose(got[tag], want, rtol=rtol, err_msg=f"{step} {tag}")
+        loss, max_ev = exact_loss_and_max_ev(states[step - first])
+        assert got["cockpit/loss"] == pytest.approx(loss, rel=1e-6)
+        assert got["cockpit/hess_max_ev/value"] == pytest.approx(max_ev, rel=1e-3)
+
+
+# -- the per-sample reference: one autograd call per sample loss of the step's own pass -------
+
+PROVIDER = (
+    Path(__file__).resolve().parents[2]
+    / "plugins"
+    / "cockpit-hooks"
+    / "tests"
+    / "autograd_loop_provider.py"
+)
+
+
+def loop_registry() -> Registry:
+    """The installed plugins and the reference provider ``autograd_loop``."""
+    spec = importlib.util.spec_from_file_location(
+        "cockpit_test_integrations_autograd_loop", PROVIDER
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    registry = Registry.from_entry_points()
+    info = registry.add_plugin(module, name="autograd_loop")
+    assert info.ok, info.error
+    return registry
+
+
+def compare(actual: Any, expected: Any, path: str = "", rtol: float = 1e-6) -> None:
+    """Equal structure; numbers to ``rtol``, histogram counts within 4."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), path
+        for key in expected:
+            compare(actual[key], expected[key], f"{path}.{key}", rtol)
+    elif isinstance(expected, (list, tuple)) and not all(
+        isinstance(v, (int, float)) for v in expected
+    ):
+        assert len(actual) == len(expected), path
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            compare(a, e, f"{path}[{i}]", rtol)
+    elif isinstance(expected, str) or expected is None or isinstance(expected, bool):
+        assert actual == expected, path
+    else:
+        a, e = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+        if "grad_hist_1d" in path and (".hist" in path or ".per_param" in path):
+            np.testing.assert_allclose(a, e, atol=4, rtol=0, err_msg=path)  # counts
+        else:
+            np.testing.assert_allclose(a, e, rtol=rtol, atol=1e-12, err_msg=path)
 
 
 # -- a third-party diagnosis that fires deterministically -----------------------------

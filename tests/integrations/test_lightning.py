@@ -42,7 +42,15 @@ pl = import_framework("lightning.pytorch")
 
 from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
 
-from cockpit_core import Cockpit, CockpitWarning, MisuseError, extend  # noqa: E402
+from cockpit_core import (  # noqa: E402
+    Cockpit,
+    CockpitWarning,
+    MissingInfoError,
+    MisuseError,
+    Quantity,
+    Requirements,
+    extend,
+)
 from cockpit_core.integrations.lightning import CockpitCallback  # noqa: E402
 
 
@@ -452,3 +460,118 @@ def test_one_backward_pass_for_two_optimizers_is_tracked_by_one_cockpit(tmp_path
     states = [*module.states[0], list(module.parameters())]
     expected = brute_force(chain_losses, states, [0, 1, 2, 3], module.batches)
     assert_matches_brute_force(cp.get_output(), expected, rel=1e-7, skip=("alpha",))
+
+
+# -- per-sample losses from the module's output, and errors that show their cause -------------
+
+
+class EncoderHead(pl.LightningModule):
+    """``self.head(self.encoder(x))`` and a child called afterwards for a scalar (a metric)."""
+
+    def __init__(self, smoothing: float = 0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh())
+        self.head = torch.nn.Linear(5, 3)
+        self.agreement = Agreement()
+        self.smoothing = smoothing
+        self.states: list = []  # every parameter before each backward
+        self.batches: list = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.states.append([p.detach().clone() for p in self.parameters()])
+        self.batches.append((x, y))
+        logits = self.head(self.encoder(x))
+        self.log("agreement", self.agreement(logits, y))
+        return torch.nn.functional.cross_entropy(logits, y, label_smoothing=self.smoothing)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=STOCK_LR)
+
+
+class Agreement(torch.nn.Module):
+    """A metric module: a 0-d tensor, not an output of the batch."""
+
+    def forward(self, logits, y):
+        return (logits.argmax(1) == y).double().mean()
+
+
+def _fit_module(tmp_path, module, **callback_options):
+    x, y = data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x.double(), y), batch_size=8
+    )
+    callback = CockpitCallback(**callback_options)
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module.double(), loader)
+    return trainer, callback
+
+
+@pytest.mark.parametrize("loss_fn", ["auto", "cross_entropy"])
+def test_per_sample_losses_from_the_modules_output_give_alpha_by_brute_force(tmp_path, loss_fn):
+    """The head's output (the last outermost call with the batch's first dimension, not the
+    metric's scalar) and the batch's targets: ``alpha`` of every step equals its float64
+    brute force over the per-sample losses and gradients."""
+    module = EncoderHead()
+    quantities = ["loss", "grad_norm", "distance", "update_size", "alpha"]
+    _, callback = _fit_module(tmp_path, module, quantities=quantities, loss_fn=loss_fn)
+    states = [*module.states, list(module.parameters())]
+    expected = brute_force(chain_losses, states, [0, 1, 2, 3], module.batches)
+    assert_matches_brute_force(callback.cockpit.get_output(), expected, rel=1e-7)
+
+
+class NeedsWeather(Quantity):
+    """A quantity whose ``info`` key no host provides."""
+
+    name = "needs_weather"
+    REQUIREMENTS = Requirements(info={"weather"})
+
+    def compute(self, ctx):
+        return 0.0
+
+
+@pytest.mark.parametrize(
+    ("module", "quantities", "error", "match"),
+    [
+        (
+            lambda: EncoderHead(smoothing=0.1),
+            "economy",
+            MisuseError,
+            r"'alpha' needs per-sample losses .* 'cross_entropy' has mean",
+        ),
+        (EncoderHead, ["loss", NeedsWeather()], MissingInfoError, r"info\['weather'\]"),
+    ],
+)
+def test_an_error_in_a_step_is_what_fit_raises_and_the_log_is_closed(
+    tmp_path, module, quantities, error, match
+):
+    """Before, ``on_exception`` left a step that never began (``AttributeError: 'StepRun'
+    object has no attribute 'unobserved'``), hid the cause and left the log open."""
+    callback = CockpitCallback(quantities=quantities, log=tmp_path / "run.jsonl")
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        accelerator="cpu",
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    x, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    with pytest.raises(error, match=match) as caught:
+        trainer.fit(module(), loader)
+    assert caught.value.__context__ is None  # nothing raised while handling it
+    assert callback.cockpit._log.closed
+    assert "backward" not in trainer.strategy.precision_plugin.__dict__  # restored
