@@ -166,6 +166,8 @@ class StepRun:
         unfrozen = self._watch_parameters()
         planner = tracker.planner
         self.tasks, self.merged = planner.plan(step)
+        if self.tasks:
+            self._warn_removed()
         first = not self.accumulate and tracker.first_time("info")
         self.keys = Planner.observed_keys(self.tasks)
         wanted = self.keys | (planner.all_observed_keys() if first else frozenset())
@@ -325,10 +327,19 @@ class StepRun:
             if router.model is not None:  # routes depend on the modules' shapes
                 router.attach(router.model, router.loss_fn)
             tracker.planner.forget()
-        removed = watch.removed(tracker.router.model)
-        if removed:
-            policy.warn_once(("", "removed"), watch.removed_message(step, removed), stacklevel=5)
         return unfrozen
+
+    def _warn_removed(self) -> None:
+        """Warn (once) about tracked parameters the model no longer holds (a replaced layer).
+
+        Only at tracked steps: listing a model's parameters costs more than an untracked
+        step of a small model, and only a tracked step reads them.
+        """
+        tracker = self.tracker
+        removed = tracker.watch.removed(tracker.router.model)
+        if removed:
+            message = tracker.watch.removed_message(self.step, removed)
+            tracker.policy.warn_once(("", "removed"), message, stacklevel=5)
 
     def _warn_batch_norm(self) -> None:
         """At the first step with per-sample statistics: BatchNorm in training mode.
@@ -591,7 +602,7 @@ class StepRun:
     def _forgive_frozen(self) -> None:
         """Frozen parameters get no statistics: not "missing" even if ``p.grad`` is a tensor."""
         params = self.tracker.params
-        if all(p.requires_grad for p in params):
+        if not self.missing or all(p.requires_grad for p in params):
             return
         for ident in list(self.missing):
             row = self.stats.get(ident)
