@@ -197,15 +197,6 @@ class Cockpit:
                 LivePlot(live_plot, every=live_every, registry=self.registry, background=True)
             )
         try:
-            self._log = LogWriter(log, fsync_every=log_fsync_every) if log is not None else None
-        except (OSError, ValueError) as err:
-            raise ConfigError(
-                [("log", f"cannot open the log file {log!r}: {err}")], _source
-            ) from None
-        if self._log is not None:
-            sink_list.append(self._log)
-        sink_list.extend(extra_sinks)
-        try:
             router = StatisticsRouter(
                 self.params,
                 self.param_names,
@@ -229,20 +220,36 @@ class Cockpit:
         warn_unprovided_kinds(self.quantities, router.providers.values())
         self._attention_hooks: MathAttentionHooks | None = None
         self._math_attention = False
-        self._tracker = Tracker(
-            self.params,
-            self.param_names,
-            self.quantities,
-            router,
-            on_error=on_error,
-            sinks=sink_list,
-            dist=dist,
-            debug=debug,
-            keep_in_memory=keep_in_memory,
-            diagnoses=runner,
-            observer=observer,
-        )
-        self._tracker.emit({"kind": "header", **self.header()})
+        # the log last: opening it takes its one-writer lock, which a failed
+        # construction must not keep
+        try:
+            self._log = LogWriter(log, fsync_every=log_fsync_every) if log is not None else None
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                [("log", f"cannot open the log file {log!r}: {err}")], _source
+            ) from None
+        if self._log is not None:
+            sink_list.append(self._log)
+        sink_list.extend(extra_sinks)
+        try:
+            self._tracker = Tracker(
+                self.params,
+                self.param_names,
+                self.quantities,
+                router,
+                on_error=on_error,
+                sinks=sink_list,
+                dist=dist,
+                debug=debug,
+                keep_in_memory=keep_in_memory,
+                diagnoses=runner,
+                observer=observer,
+            )
+            self._tracker.emit({"kind": "header", **self.header()})
+        except BaseException:
+            if self._log is not None:
+                self._log.close()
+            raise
         if model is not None:  # attached as by attach(model): attention in the math kernel
             self._math_attention = True
             self._install_attention_hooks(model)

@@ -110,6 +110,15 @@ class MisuseError(CockpitError):
     """The Cockpit object was used in a way that cannot give correct results."""
 
 
+class LogLockedError(MisuseError):
+    """Another writer (a Cockpit in this or another process) is writing the same log.
+
+    A log has one writer at a time (see ``docs/log_format.md``); the message names the log,
+    the PID of the process that writes it and what to do: another log path, or close the
+    other Cockpit or wait for that process to end.
+    """
+
+
 class StateError(CockpitError, ValueError):
     """A saved Cockpit state (``cp.load_state_dict``) does not fit this Cockpit.
 

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import time
 import warnings
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.decode import LogFormatError, _decode
 from cockpit_core.log.encode import _encode, placeholder
 from cockpit_core.log.format import _HEADER_START, _RECORD_START, _unescape
+from cockpit_core.log.lock import lock_log, unlock_log
 
 
 class LogWriter:
@@ -38,6 +40,15 @@ class LogWriter:
     An existing log is never truncated: the writer cuts off a torn last line (with a
     warning), then appends a new run whose header carries ``run`` = previous run + 1.
 
+    A log has one writer at a time: the writer locks the log file (``fcntl.flock``,
+    exclusive, without waiting) before it reads or changes it, writes its PID into
+    ``.NAME.lock`` next to it, and holds the lock until :meth:`close` or the end of the
+    process; a second writer, in this or another process, raises :class:`LogLockedError`
+    (see :mod:`cockpit_core.log.lock` for why the log file itself is locked). Every repair
+    of the end of the file (a torn line at opening, what a failed write left) is measured
+    on the file itself (``os.fstat``) under that lock, and a failed write only ever cuts
+    the bytes after the last complete line of its own.
+
     Args:
         path: File to write (parent folders are created; an existing log is appended to).
         fsync_every: Seconds between ``os.fsync`` calls (``0`` syncs every record, ``None``
@@ -52,7 +63,10 @@ class LogWriter:
 
     Raises:
         LogFormatError: ``path`` exists, is not empty and is not a JSON Lines log.
-        OSError: The file cannot be opened (see :func:`check_log_path`, run first).
+        LogLockedError: Another writer (another Cockpit, in this or another process) is
+            writing ``path``; the message names its PID.
+        OSError: The file cannot be opened, or is not a regular file (see
+            :func:`check_log_path`, run first).
 
     """
 
@@ -78,22 +92,34 @@ class LogWriter:
         self._pending_bytes = 0
         self._error: OSError | None = None  # while writing fails
         self._last_error: OSError | None = None
-        self._dirty = False
+        self._dirty = False  # a write failed: the file may end in a part of a line
+        self._write_start = 0  # where the end of the file was when the last write began
         self._warned: set[str] = set()
-        if self.path.exists() and self.path.stat().st_size:
-            self._prepare_existing()
-        self._file: IO[bytes] = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
-        self._good_size = os.fstat(self._file.fileno()).st_size
+        fd = _open_regular(self.path)
+        try:
+            lock_log(fd, self.path)  # before anything in the file is read or changed
+            # O_APPEND: every write goes to the real end of the file; reads seek freely
+            self._file: IO[bytes] = open(fd, "r+b", buffering=0)  # noqa: SIM115 - kept open
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            if os.fstat(fd).st_size:
+                self._prepare_existing()
+        except BaseException:
+            self._release()
+            raise
         self._last_sync = time.monotonic()
 
     # -- opening an existing log ----------------------------------------------------------
 
     def _prepare_existing(self) -> None:
-        with open(self.path, "r+b") as f:
-            if not self._cut_torn_tail(f):
-                return
-            f.seek(0)
-            self.run = _last_run(f) + 1
+        f = self._file
+        if not self._cut_torn_tail(f):
+            return
+        with open(os.dup(f.fileno()), "rb", closefd=True) as reader:  # buffered, same file
+            reader.seek(0)
+            self.run = _last_run(reader) + 1
         self._appending = True
         warnings.warn(
             f"cockpit log: {self.path} already holds a log; appending run {self.run} to it "
@@ -103,8 +129,10 @@ class LogWriter:
         )
 
     def _cut_torn_tail(self, f: IO[bytes]) -> bool:
-        """Cut an incomplete last line; whether anything is left."""
-        size = f.seek(0, os.SEEK_END)
+        """Cut an incomplete last line; whether anything is left (run under the lock)."""
+        size = os.fstat(f.fileno()).st_size  # the real end, not what another open saw
+        if not size:
+            return False
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return True
@@ -129,10 +157,9 @@ class LogWriter:
             except LogFormatError:  # valid JSON, however wrong: not a torn line, keep it
                 complete = True
             if complete:
-                f.seek(size)
-                f.write(b"\n")
+                f.write(b"\n")  # O_APPEND: at the real end
                 return True
-        f.truncate(start)
+        os.ftruncate(f.fileno(), start)
         if tail.strip():
             warnings.warn(
                 f"cockpit log: {self.path} ended in an incomplete line of {size - start} "
@@ -243,15 +270,44 @@ class LogWriter:
                 raise OSError(errno.EIO, "the file accepted no bytes")
             view = view[n:]
 
+    def _repair(self) -> None:
+        """Cut what a failed write left of a line, measured on the file, under the lock.
+
+        The file is cut back to where that write began (the end of the last complete line
+        before it; every line of the write stays in the buffer and is written again), and
+        only if what follows is this writer's own: a prefix of the buffered lines. It is
+        measured on the file (``os.fstat``), never extends it, and never cuts a byte that
+        this writer did not write: a tail that is not its own (another program ignored the
+        lock) is left alone, with a warning.
+        """
+        fd = self._file.fileno()
+        end = os.fstat(fd).st_size  # the real end of the file, not a size kept in memory
+        start = self._write_start
+        if end > start:
+            data = b"".join(self._pending)
+            written = _read_at(fd, start, end - start)
+            if not data.startswith(written):
+                if "foreign tail" not in self._warned:
+                    self._warned.add("foreign tail")
+                    warnings.warn(
+                        f"cockpit log: {self.path} was changed by another program while this "
+                        "writer held it; its end was left as it is.",
+                        CockpitWarning,
+                        stacklevel=5,
+                    )
+            else:
+                os.ftruncate(fd, start)
+        self._dirty = False
+
     def _flush_pending(self) -> None:
         """Write the buffered lines; on an OS error keep them for the next try."""
         if not self._pending:
             return
-        data = b"".join(self._pending)
         try:
             if self._dirty:  # drop what a failed write left of a line
-                os.ftruncate(self._file.fileno(), self._good_size)
-                self._dirty = False
+                self._repair()
+            data = b"".join(self._pending)
+            self._write_start = os.fstat(self._file.fileno()).st_size
             self._write_all(data)
         except OSError as err:
             self._dirty = True
@@ -266,7 +322,6 @@ class LogWriter:
                 )
             self._error = self._last_error = err
             return
-        self._good_size += len(data)
         if self._error is not None:
             warnings.warn(
                 f"cockpit log: writing to {self.path} works again; {len(self._pending)} "
@@ -303,9 +358,10 @@ class LogWriter:
         if self._file.closed:
             return
         self._flush_pending()
-        if self._pending:
+        if self._dirty:
             with contextlib.suppress(OSError):  # drop what the failed write left of a line
-                os.ftruncate(self._file.fileno(), self._good_size)
+                self._repair()
+        if self._pending:
             self.lost += len(self._pending)
             self._pending.clear()
             self._pending_bytes = 0
@@ -318,11 +374,72 @@ class LogWriter:
             )
         if self.fsync_every is not None:
             self._fsync()
+        self._release()
+
+    def _release(self) -> None:
+        """Release the lock (deleting the PID sidecar) and close the file; never raises."""
+        with contextlib.suppress(OSError, ValueError):
+            unlock_log(self._file.fileno(), self.path)
         with contextlib.suppress(OSError):
             self._file.close()
 
     def __repr__(self) -> str:
         return f"LogWriter({str(self.path)!r})"
+
+
+def _read_at(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes of the open file ``fd`` from ``offset`` (fewer at its end)."""
+    chunks = []
+    while size > 0:
+        if hasattr(os, "pread"):
+            chunk = os.pread(fd, size, offset)
+        else:  # Windows
+            os.lseek(fd, offset, os.SEEK_SET)
+            chunk = os.read(fd, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _not_regular(path: str | Path, mode: int) -> OSError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+    return OSError(
+        f"{path} is {kind}, not a regular file; a cockpit log must be a regular file (it is "
+        "never opened otherwise): choose another log path."
+    )
+
+
+def _open_regular(path: Path) -> int:
+    """Open (or create) the log for reading and appending; refuse anything but a file.
+
+    ``O_NONBLOCK`` keeps the open of a FIFO put in the path's place since
+    :func:`check_log_path` from blocking; the opened file is checked with ``fstat``.
+    """
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | nonblock | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags, 0o666)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        if nonblock:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _last_run(f: IO[bytes]) -> int:
@@ -345,21 +462,41 @@ def check_log_path(path: str | Path) -> None:
     file, and ``cockpit validate`` runs it on a config's ``log``. A file that does not exist
     yet (in folders that may not exist yet either) passes: the writer creates them.
 
+    It never opens anything but a regular file, so a FIFO never blocks it. It does not
+    check whether another writer holds the log (see :class:`LogWriter`).
+
     Raises:
         LogFormatError: ``path`` exists, is not empty and is not a JSON Lines log.
-        OSError: ``path`` is a folder (or a string ending in a slash, which names one),
-            lies under a file (the nearest existing path above it), or cannot be read or
-            written.
+        OSError: ``path`` is a folder (or a string ending in a slash, which names one), a
+            FIFO, a device, a socket or a symbolic link to nothing (a
+            ``FileNotFoundError``: the writer never creates a link's target), lies under a
+            file (the nearest existing path above it), or cannot be read or written.
 
     """
     if isinstance(path, str) and path.endswith(("/", os.sep)):
         why = f"{os.strerror(errno.EISDIR)} (the path ends with a slash)"
         raise IsADirectoryError(errno.EISDIR, why, path)
     path = Path(path)
-    if path.is_dir():
+    try:
+        mode: int | None = os.stat(path).st_mode  # of the target of a symbolic link
+    except OSError:
+        mode = None
+    if mode is None and os.path.islink(path):
+        raise FileNotFoundError(
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; cockpit "
+            "does not create a link's target: give the path of a file (or of one to be "
+            "created), or fix or remove the link."
+        )
+    if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    if path.exists():
-        with open(path, "rb") as f:
+    if mode is not None and not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+    if mode is not None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):  # replaced since the check above
+                raise _not_regular(path, mode)
             head = f.read(64)
         torn_start = b"\n" not in head and b'{"kind":'.startswith(head.strip()[:8])
         if head and not _RECORD_START.match(head) and not torn_start:
