@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cockpit_core.errors import CockpitError
+from cockpit_core.errors import CockpitError, escape_controls
 
 BROKEN_PIPE_EXIT = 141
 """Exit code when standard output is closed early (``cockpit quantities | head -1``):
@@ -427,11 +428,11 @@ def _run(argv: Sequence[str] | None) -> int:
         return int(args.func(args))
     except BrokenPipeError:
         raise
-    except CockpitError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except CockpitError as err:  # control characters of a user-supplied name escaped
+        print(f"error: {escape_controls(str(err))}", file=sys.stderr)
         return 1
     except OSError as err:  # a file that cannot be read or written: no traceback
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {escape_controls(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

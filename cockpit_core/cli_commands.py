@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from cockpit_core.errors import CockpitError
+from cockpit_core.errors import CockpitError, escape_controls
 
 _PLUGIN_LISTING: tuple[tuple[str, str], ...] = (
     ("hooks", "hooks"),
@@ -340,7 +340,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             diagnose=args.diagnose,
         )
     except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {escape_controls(str(err))}", file=sys.stderr)
         return 1
     print(f"{'Dashboard' if len(logs) == 1 else 'Comparison'} written to {path}")
     return 0

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from cockpit_core.config_limits import LimitError, loads_json, loads_toml, loads_yaml
 from cockpit_core.config_quantities import (
     QuantitySpec,
     check_unique_keys,
@@ -64,6 +65,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file into a dict.
 
     A TOML or YAML file may hold the options at the top level or under a ``cockpit`` table.
+    A file beyond the limits of :mod:`cockpit_core.config_limits` (nesting deeper than
+    :data:`~cockpit_core.config_limits.MAX_DEPTH` levels, a YAML document whose aliases
+    expand to more than :data:`~cockpit_core.config_limits.MAX_VALUES` values, an integer
+    too long for Python) is refused with a :class:`ConfigError` naming the limit.
     """
     path = Path(path)
     if not path.is_file():
@@ -80,16 +85,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if suffix == ".toml":
             if _toml is None:
                 raise ConfigError([("", TOML_MISSING)], str(path))
-            data = _toml.loads(text)
+            data = loads_toml(text, _toml)
         elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
+            data = loads_yaml(text)
         elif suffix == ".json":
-            data = json.loads(text)
+            data = loads_json(text)
         else:
             raise ConfigError(
                 [("", f"unsupported config file type '{suffix}': use .toml, .yaml, .yml or .json")],
                 str(path),
             )
+    except LimitError as err:  # nesting, size of the expanded YAML, digits of a number
+        raise ConfigError([("", f"refused: {err}")], str(path)) from None
     except parse_errors as err:
         raise ConfigError([("", f"cannot parse: {err}")], str(path)) from None
     if data is None:

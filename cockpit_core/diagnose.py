@@ -592,7 +592,7 @@ def run_cli(
 
     """
     from cockpit_core.diagnose_options import config_diagnoses, options_from_settings, select_only
-    from cockpit_core.errors import DuplicateNameError
+    from cockpit_core.errors import DuplicateNameError, escape_controls
     from cockpit_core.log import LogFormatError
     from cockpit_core.registry import default_registry
 
@@ -601,7 +601,7 @@ def run_cli(
     try:
         options = options_from_settings(settings)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {escape_controls(str(err))}", file=sys.stderr)
         return USAGE_EXIT
     try:
         registry = default_registry()
@@ -611,7 +611,7 @@ def run_cli(
         for path in logs:
             results.append((path, diagnose(path, registry, specs, options=options)))
     except (OSError, LogFormatError, UnknownDiagnosisError, DuplicateNameError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {escape_controls(str(err))}", file=sys.stderr)
         return USAGE_EXIT
     everything = [f for _, found in results for f in found]
     rules = precedence_rules(registry)

@@ -16,10 +16,10 @@ diagnosis validates its options with its pydantic ``Config`` when it is built
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from cockpit_core.config_limits import LimitError, loads_json
 from cockpit_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
     and is the string as given otherwise (``warning``).
 
     Raises:
-        ValueError: ``text`` is not of the form ``NAME.OPTION=VALUE``.
+        ValueError: ``text`` is not of the form ``NAME.OPTION=VALUE``, or VALUE is JSON
+            beyond the limits of :mod:`cockpit_core.config_limits` (nested deeper than
+            :data:`~cockpit_core.config_limits.MAX_DEPTH` levels, a number too long).
 
     """
     key, equals, raw = text.partition("=")
@@ -46,7 +48,9 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
     if not (equals and dot and name and option):
         raise ValueError(f"--set {text!r}: {SET_FORM}")
     try:
-        value = json.loads(raw)
+        value = loads_json(raw)
+    except LimitError as err:  # deep nesting, a number too long: refused, not a string
+        raise ValueError(f"--set {key.strip()!r}: VALUE is {err}") from None
     except ValueError:
         value = raw
     return name, option, value

@@ -6,6 +6,30 @@ import difflib
 from collections.abc import Iterable
 
 
+def _control(char: str) -> bool:
+    """Whether ``char`` is a terminal control character (C0, DEL, C1) or otherwise unprintable."""
+    return not char.isprintable()
+
+
+def shown_name(name: object) -> str:
+    r"""``name`` quoted for a message, terminal control characters escaped (repr-style).
+
+    A printable name is shown as ``'name'``; one with a control character (an escape
+    sequence such as ``"\x1b[31m"``, a newline) or of another type as its ``repr``, so a
+    user-supplied name can never reach a terminal raw.
+    """
+    if isinstance(name, str) and not any(_control(c) for c in name) and "'" not in name:
+        return f"'{name}'"
+    return repr(name)
+
+
+def escape_controls(text: str, keep: str = "\n") -> str:
+    r"""``text`` with every unprintable character except those of ``keep`` escaped (``\x1b``)."""
+    if all(c in keep or not _control(c) for c in text):
+        return text
+    return "".join(c if c in keep or not _control(c) else repr(c)[1:-1] for c in text)
+
+
 class CockpitError(Exception):
     """Base class of every error cockpit raises on purpose."""
 
@@ -23,7 +47,10 @@ class ConfigError(CockpitError, ValueError):
         self.errors = errors
         where = f" in {source}" if source else ""
         lines = [f"Invalid cockpit configuration{where}:"]
-        lines += [f"  {path or '<root>'}: {msg}" for path, msg in errors]
+        lines += [
+            f"  {escape_controls(path, keep='') or '<root>'}: {escape_controls(msg)}"
+            for path, msg in errors
+        ]
         super().__init__("\n".join(lines))
 
 
@@ -39,11 +66,16 @@ class UnknownNameError(CockpitError, KeyError):
     def __init__(self, name: str, installed: Iterable[str]):
         self.name = name
         installed = sorted(installed)
-        close = difflib.get_close_matches(name, installed, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        listing = ", ".join(installed) if installed else "(none: install a cockpit plugin)"
+        close = difflib.get_close_matches(name, installed, n=1) if isinstance(name, str) else []
+        hint = f" Did you mean {shown_name(close[0])}?" if close else ""
+        listing = (
+            escape_controls(", ".join(installed), keep="")
+            if installed
+            else "(none: install a cockpit plugin)"
+        )
         self.message = (
-            f"Unknown {self.kind} '{name}'.{hint} Installed: {listing}. {self.listing_hint}"
+            f"Unknown {self.kind} {shown_name(name)}.{hint} Installed: {listing}. "
+            f"{self.listing_hint}"
         )
         super().__init__(self.message)
 

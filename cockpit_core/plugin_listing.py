@@ -16,8 +16,9 @@ one while the *fingerprint* of everything that could change it is unchanged:
   package; editable installs resolve through their finder).
 
 Computing it imports neither torch nor any plugin. A fingerprint that cannot be computed, a
-cache file that cannot be read or parsed, or a cache folder that cannot be written means a
-full load, silently. A listing whose files changed in the last :data:`RACY_SECONDS` is not
+cache file that cannot be read or parsed, an entry of the wrong shape (a key missing, a value
+of the wrong type), or a cache folder that cannot be written means a full load, silently
+(and the entry is rewritten). A listing whose files changed in the last :data:`RACY_SECONDS` is not
 stored: a later edit within the file system's timestamp granularity would go unnoticed.
 Not covered: modules outside the plugin packages that a plugin imports from a source folder
 (an edit there needs ``--refresh``; installing a new version of them changes the fingerprint),
@@ -31,7 +32,6 @@ Only the standard library is imported at module level.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -298,29 +298,80 @@ def _entries(path: Path) -> list[dict[str, Any]]:
     return []
 
 
+_ROW_TEXT = ("name", "distribution", "version", "module")
+"""Keys of a cached row whose value is a string."""
+
+_ROW_OPTIONAL_TEXT = ("error", "extension_error")
+"""Keys of a cached row whose value is a string or ``None``."""
+
+_ROW_NAMES = (
+    "hooks",
+    "quantities",
+    "presets",
+    "instruments",
+    "sinks",
+    "providers",
+    "kinds",
+    "diagnoses",
+    "conflicts",
+)
+"""Keys of a cached row whose value is a list of strings."""
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _valid_row(row: Any) -> bool:
+    """Whether ``row`` has every key ``cockpit plugins`` reads, each of the right type."""
+    return (
+        isinstance(row, dict)
+        and all(isinstance(row.get(key), str) for key in _ROW_TEXT)
+        and all(
+            key in row and isinstance(row[key], (str, type(None))) for key in _ROW_OPTIONAL_TEXT
+        )
+        and isinstance(row.get("ok"), bool)
+        and all(_strings(row.get(key)) for key in _ROW_NAMES)
+    )
+
+
+def _valid_listing(stored: Any) -> bool:
+    """Whether a cached listing has the shape :func:`load_listing` gives (so it prints)."""
+    return (
+        isinstance(stored, dict)
+        and isinstance(stored.get("rows"), list)
+        and all(_valid_row(row) for row in stored["rows"])
+        and isinstance(stored.get("conflicts"), list)
+        and all(_strings(pair) and len(pair) == 2 for pair in stored["conflicts"])
+        and _strings(stored.get("extension_errors"))
+        and _strings(stored.get("warnings"))
+    )
+
+
 def read_cache(path: Path, digest: str) -> Listing | None:
-    """The listing stored in ``path`` for fingerprint ``digest``; ``None`` if none is usable."""
+    """The listing stored in ``path`` for fingerprint ``digest``; ``None`` if none is usable.
+
+    An entry of the wrong shape (a key missing, a value of the wrong type: a file edited by
+    hand or by another program) is not usable: the caller then loads the plugins and
+    rewrites the cache.
+    """
     for entry in _entries(path):
         if entry.get("fingerprint") != digest:
             continue
         try:
-            stored = entry["listing"]
-            listing = Listing(
+            stored: Any = entry.get("listing")
+            created: Any = entry.get("created")
+            if not _valid_listing(stored) or isinstance(created, bool):
+                return None
+            return Listing(
                 rows=stored["rows"],
                 conflicts=stored["conflicts"],
                 extension_errors=stored["extension_errors"],
                 warnings=stored["warnings"],
-                cached_at=float(entry["created"]),
-            )
-            valid = (
-                isinstance(listing.rows, list)
-                and all(isinstance(row, dict) for row in listing.rows)
-                and all(isinstance(c, list) and len(c) == 2 for c in listing.conflicts)
-                and all(isinstance(m, str) for m in listing.extension_errors + listing.warnings)
+                cached_at=float(created),
             )
         except Exception:  # a corrupt entry
             return None
-        return listing if valid else None
     return None
 
 
@@ -334,7 +385,7 @@ def write_cache(path: Path, digest: str, listing: Listing) -> bool:
         Whether it was written; a folder that cannot be written is no error.
 
     """
-    import tempfile
+    from cockpit_core.atomic_file import write_text_atomic
 
     stored = listing._asdict()
     del stored["cached_at"]
@@ -343,16 +394,7 @@ def write_cache(path: Path, digest: str, listing: Listing) -> bool:
     entries = [entry, *others][:MAX_ENTRIES]
     text = json.dumps({"format": FORMAT, "prefix": sys.prefix, "entries": entries})
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(text)
-            os.replace(temporary, path)  # readers see the old file or the new one, whole
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write_text_atomic(path, text)  # readers see the old file or the new one, whole
     except OSError:
         return False
     return True

@@ -229,7 +229,8 @@ def new_plugin(
     for relative, text in rendered.items():
         path = target / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        with path.open("x", encoding="utf-8") as out:  # new files only: no symlink followed
+            out.write(text)
     return target
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cockpit_core.atomic_file import atomic_write
 from cockpit_core.dashboard.planning import (
     Panel,
     _default_instruments,
@@ -398,10 +399,8 @@ def save(fig: Any, path: str | os.PathLike, dpi: int = 100, suffix: str | None =
     """
     path = Path(path)
     suffix = suffix or _check_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=dpi, format=suffix, facecolor=fig.get_facecolor())
-    os.replace(tmp, path)
+    with atomic_write(path) as out:  # a fresh temporary name: no planted symlink followed
+        fig.savefig(out, dpi=dpi, format=suffix, facecolor=fig.get_facecolor())
     return path
 
 
