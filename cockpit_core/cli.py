@@ -76,6 +76,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """``type`` of ``cockpit serve --port``: 0 (pick a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 (pick a free one) to 65535, got {value}")
+    return value
+
+
+def _poll_seconds(text: str) -> float:
+    """``type`` of ``cockpit serve --poll``: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds above 0 (at most 86400), got {text!r}"
+        )
+    return value
+
+
 def _shape(text: str) -> tuple[int, ...]:
     """``type`` of ``cockpit check --input-shape``: sizes such as ``3,32,32``."""
     try:
@@ -327,9 +351,21 @@ examples:
         help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface: the "
         "view has no login, prefer an SSH tunnel)",
     )
-    p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks one)")
+    p.add_argument("--port", type=_port, default=8050, help="port (default 8050; 0 picks one)")
     p.add_argument(
-        "--poll", type=float, default=2.0, help="seconds between the page's updates (default 2)"
+        "--poll",
+        type=_poll_seconds,
+        default=2.0,
+        help="seconds between the page's updates (default 2)",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        dest="allow_host",
+        help="also answer requests whose Host header names NAME (repeatable); by default "
+        "only localhost, 127.0.0.1, ::1 and --host are answered, others get 403",
     )
     p.add_argument("--title", default=None, help="page title (default: the runs' names)")
     p.add_argument(

@@ -359,9 +359,17 @@ def _plot_html(
     logs: list[str], out: Any, title: str | None, labels: list[str] | None, diagnose: bool
 ) -> int:
     """``cockpit plot ... -o dash.html``: the web view as one self-contained file."""
-    from cockpit_core.web import write_page
+    from cockpit_core.web import Feed, write_page
 
-    path = write_page(logs, out, title=title, labels=labels, diagnose=diagnose)
+    try:
+        feed = Feed(logs, title=title, labels=labels, diagnose=diagnose)
+        path = write_page(feed, out)
+    except (OSError, ValueError) as err:  # no such run, unwritable output, unreadable log
+        print(f"error: {escape_controls(str(err))}", file=sys.stderr)
+        return 1
+    for run in feed.runs:
+        if run.error:
+            print(f"warning: {run.label}: {run.error}", file=sys.stderr)
     print(f"Web view written to {path}")
     return 0
 
@@ -379,6 +387,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         poll_seconds=args.poll,
         title=args.title,
         diagnose=args.diagnose,
+        allowed_hosts=args.allow_host,
     )
     return 0
 

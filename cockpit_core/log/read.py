@@ -42,10 +42,89 @@ def _only_blank_after(f: IO[bytes]) -> bool:
     return True
 
 
+def check_record(record: Any) -> str | None:
+    """What is wrong with the shape of one decoded record, ``None`` if nothing.
+
+    The one set of shape checks of every reader (:func:`read_run`, :func:`read_records`,
+    the web view's follower): a JSON object; an integer ``step`` where the kind has one;
+    ``values``/``metrics`` objects; ``quantity`` entries with string ``name`` and ``key``;
+    a header's ``quantities`` and ``params`` lists; complete ``finding`` records.
+    """
+    if not isinstance(record, dict):
+        return "is not a JSON object."
+    kind = record.get("kind")
+    if kind in (
+        "values",
+        "metrics",
+        "quantity_added",
+        "quantity_removed",
+        "cost",
+        "resumed",
+    ) or (kind in ("error", "skipped") and "step" in record):
+        step = record.get("step")
+        if type(step) is not int:
+            return f"'step' must be an integer, got {step!r:.40}."
+    if kind == "values" and not isinstance(record.get("values"), dict):
+        return "'values' must be a JSON object."
+    if kind == "metrics" and not isinstance(record.get("metrics"), dict):
+        return "'metrics' must be a JSON object."
+    if kind in ("quantity_added", "quantity_removed") and not _is_quantity_entry(
+        record.get("quantity")
+    ):
+        return "'quantity' must be a JSON object with string 'name' and 'key'."
+    if kind == "header":
+        for name in ("quantities", "params"):
+            listed = record.get(name)
+            if listed is not None and not isinstance(listed, list):
+                return f"a header's {name!r} must be a list, got {listed!r:.40}."
+    if kind == "finding" and not _is_finding(record):
+        return (
+            "a 'finding' record needs string 'id', 'diagnosis' and 'message', integer "
+            f"'first_step' and 'last_step', a 'severity' of {', '.join(FINDING_SEVERITIES)} "
+            "and an object 'evidence'."
+        )
+    return None
+
+
+def decode_record(
+    line: bytes | str, max_elements: int | None = None, budget: _Budget | None = None
+) -> dict[str, Any]:
+    """One line of a JSON Lines log as a checked record: the one decoder of every reader.
+
+    Args:
+        line: The line (UTF-8).
+        max_elements: Largest array decoded (default :data:`MAX_ARRAY_ELEMENTS`).
+        budget: The decoding budget of the read it belongs to (default: a new one).
+
+    Raises:
+        json.JSONDecodeError, UnicodeDecodeError: Not (complete) JSON text.
+        LogFormatError: A malformed entry, a limit exceeded, or a record of the wrong
+            shape (:func:`check_record`).
+
+    """
+    if max_elements is None:
+        max_elements = log_format.MAX_ARRAY_ELEMENTS
+    text = line.decode("utf-8") if isinstance(line, (bytes, bytearray)) else line
+    record = _decode(text, max_elements, budget)
+    problem = check_record(record)
+    if problem is not None:
+        raise LogFormatError(problem)
+    return record
+
+
 def _iter_records(
-    f: IO[bytes], path: Path, max_line_bytes: int, max_elements: int, budget: _Budget
+    f: IO[bytes],
+    path: Path,
+    max_line_bytes: int,
+    max_elements: int,
+    budget: _Budget,
+    skipped: list[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Every complete record (checked); a torn last line is skipped with a warning."""
+    """Every complete record (checked); a torn last line is skipped with a warning.
+
+    With ``skipped`` a damaged or malformed line is skipped and its problem appended there
+    (``"line N: ..."``) instead of raising.
+    """
     number = 0
     while line := f.readline(max_line_bytes + 1):
         number += 1
@@ -57,7 +136,7 @@ def _iter_records(
         if not line.strip():
             continue
         try:
-            record = _decode(line.decode("utf-8"), max_elements, budget)
+            record = decode_record(line, max_elements, budget)
         except (json.JSONDecodeError, UnicodeDecodeError):
             if _only_blank_after(f):
                 warnings.warn(
@@ -67,45 +146,20 @@ def _iter_records(
                     stacklevel=4,
                 )
                 return
+            if skipped is not None:
+                skipped.append(f"line {number}: not valid JSON")
+                continue
             raise LogFormatError(
                 f"{path}, line {number} is not valid JSON (only the last line of a killed run "
                 "may be incomplete); the file is damaged."
             ) from None
         except LogFormatError as err:
+            if skipped is not None:
+                skipped.append(f"line {number}: {err}")
+                continue
+            if str(err) == "is not a JSON object.":
+                raise type(err)(f"{path}, line {number} is not a JSON object.") from None
             raise type(err)(f"{path}, line {number}: {err}") from None
-        if not isinstance(record, dict):
-            raise LogFormatError(f"{path}, line {number} is not a JSON object.")
-        kind = record.get("kind")
-        if kind in (
-            "values",
-            "metrics",
-            "quantity_added",
-            "quantity_removed",
-            "cost",
-            "resumed",
-        ) or (kind in ("error", "skipped") and "step" in record):
-            step = record.get("step")
-            if type(step) is not int:
-                raise LogFormatError(
-                    f"{path}, line {number}: 'step' must be an integer, got {step!r:.40}."
-                )
-        if kind == "values" and not isinstance(record.get("values"), dict):
-            raise LogFormatError(f"{path}, line {number}: 'values' must be a JSON object.")
-        if kind == "metrics" and not isinstance(record.get("metrics"), dict):
-            raise LogFormatError(f"{path}, line {number}: 'metrics' must be a JSON object.")
-        if kind in ("quantity_added", "quantity_removed") and not _is_quantity_entry(
-            record.get("quantity")
-        ):
-            raise LogFormatError(
-                f"{path}, line {number}: 'quantity' must be a JSON object with string "
-                "'name' and 'key'."
-            )
-        if kind == "finding" and not _is_finding(record):
-            raise LogFormatError(
-                f"{path}, line {number}: a 'finding' record needs string 'id', 'diagnosis' "
-                "and 'message', integer 'first_step' and 'last_step', a 'severity' of "
-                f"{', '.join(FINDING_SEVERITIES)} and an object 'evidence'."
-            )
         yield record
 
 
@@ -247,6 +301,7 @@ def read_run(
     max_line_bytes: int | None = None,
     max_array_elements: int | None = None,
     max_decoded_bytes: int | None = None,
+    skipped: list[str] | None = None,
 ) -> LogData:
     """Load a JSON Lines log or a consolidated JSON file (header, values, errors).
 
@@ -260,6 +315,9 @@ def read_run(
         max_array_elements: Largest array read (default :data:`MAX_ARRAY_ELEMENTS`).
         max_decoded_bytes: Bytes the file's arrays may take besides
             :data:`MAX_DECODED_RATIO` per byte read (default :data:`MAX_DECODED_BYTES`).
+        skipped: If given, a line of a JSON Lines log that is damaged or holds a record of
+            the wrong shape is skipped and its problem (``"line N: ..."``) appended here,
+            instead of raising (what the web view does; the rest is folded as usual).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -296,7 +354,7 @@ def read_run(
             del single
         del first
         f.seek(0)
-        return merge_runs(_iter_records(f, path, line_limit, elements, new_budget()))
+        return merge_runs(_iter_records(f, path, line_limit, elements, new_budget(), skipped))
 
 
 def read_log(

@@ -6,7 +6,7 @@ page's data (:meth:`Feed.payload`): the panels' plotly figures, a status per run
 runs' findings (:mod:`cockpit_core.web.findings`).
 
 The findings are those of ``cockpit diagnose``: the installed diagnoses run over each log
-(read whole again) and the findings it recorded while training, each once. While a log
+(read whole again, skipping the lines the follower skips) and the findings it recorded while training, each once. While a log
 grows they run again, but after a run that took ``t`` seconds not before ``t /
 DIAGNOSE_SHARE`` seconds have passed, so they take at most a tenth of the server's time
 however long the log; in between the page shows the previous findings.
@@ -150,7 +150,7 @@ class Feed:
         """The page's data after a :meth:`poll`: panels, runs and a version number.
 
         ``{"version", "title", "updated", "points", "topics", "runs": [{"label", "path",
-        "records", "last_step", "error"}], "panels": [...], "findings": [...]}`` with the
+        "records", "last_step", "error", "skipped", "problems"}], "panels": [...], "findings": [...]}`` with the
         panels of :func:`cockpit_core.web.panels.figures` (each finding's steps shaded on
         the panels of the quantities its diagnosis reads) and the findings of
         :func:`cockpit_core.web.findings.entries`; ``points`` counts every value shown.
@@ -179,6 +179,7 @@ class Feed:
                             "records": run.records,
                             "last_step": run.last_step,
                             "error": run.error,
+                            "skipped": run.skipped,
                             "problems": d.problems,
                         }
                         for run, d in zip(self.runs, diagnosed)
@@ -205,12 +206,13 @@ class Feed:
         from cockpit_core.log import LogFormatError, read_run
 
         start = time.monotonic()
-        try:
-            data = read_run(run.path)
+        try:  # what the follower shows: damaged lines skipped (it counts them)
+            data = read_run(run.path, skipped=[])
         except FileNotFoundError:  # not there yet: training has not started
             return _Diagnosed(logged)
         except (OSError, LogFormatError) as err:  # being replaced, or damaged
-            run.error = run.error or f"diagnoses not run: {err}"
+            if not run.error:
+                run.error = f"diagnoses not run: {err}"
             return last or _Diagnosed(logged)
         found, problems = run_findings(data)
         now = time.monotonic()

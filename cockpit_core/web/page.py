@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cockpit_core.atomic_file import write_text_atomic
 from cockpit_core.web.feed import Feed
 
 PLOTLY_JS = "plotly.min.js"
@@ -130,14 +131,14 @@ function showFindings(groups, count, several) {
   list.className = "cockpit-findings-list";
   for (const g of groups) {
     const item = document.createElement("details");
-    item.className = "cockpit-finding " + g.severity;
+    item.className = "cockpit-finding " + String(g.severity);
     item.dataset.key = g.run + "\u0000" + g.diagnosis;
     item.dataset.diagnosis = g.diagnosis;
     item.dataset.count = g.count;
     item.open = open.has(item.dataset.key);
     const summary = document.createElement("summary");
     const head = document.createElement("b");
-    head.textContent = (several ? g.run + ": " : "") + g.severity.toUpperCase() + " " +
+    head.textContent = (several ? g.run + ": " : "") + String(g.severity).toUpperCase() + " " +
       g.diagnosis;
     summary.appendChild(head);
     const first = g.stretches.find((s) => s.id === g.id) || g;
@@ -149,7 +150,7 @@ function showFindings(groups, count, several) {
       const li = document.createElement("li");
       li.dataset.id = s.id;
       li.textContent = stepsOf(s) + ": " + (s.severity !== g.severity
-        ? s.severity.toUpperCase() + " " : "") + s.message;
+        ? String(s.severity).toUpperCase() + " " : "") + s.message;
       stretches.appendChild(li);
     }
     item.appendChild(stretches);
@@ -236,7 +237,7 @@ def render_page(payload: dict[str, Any], poll_seconds: float = 0.0, inline_js: b
 
 
 def write_page(
-    paths: list[str | os.PathLike],
+    paths: list[str | os.PathLike] | Feed,
     out: str | os.PathLike,
     title: str | None = None,
     labels: list[str] | None = None,
@@ -249,12 +250,12 @@ def write_page(
     findings the logs recorded while training): their findings are listed above the
     panels, grouped by diagnosis and run, and shaded on them. It is written to a
     temporary file first and then renamed over ``out``. ``title`` and ``labels`` as in
-    :class:`Feed`.
+    :class:`Feed`; ``paths`` may also be a :class:`Feed` (then they are its own).
     """
     out = Path(out)
-    text = render_page(Feed(paths, title=title, labels=labels, diagnose=diagnose).payload())
+    feed = (
+        paths if isinstance(paths, Feed) else Feed(paths, title, labels=labels, diagnose=diagnose)
+    )
+    text = render_page(feed.payload())
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return write_text_atomic(out, text)
