@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,10 +54,13 @@ from torch import Tensor
 from cockpit_core.distributed_gradient import (
     DistributedHVP,
     GlobalGradient,
+    Lockstep,
+    OtherProcessError,
     ReduceBuffer,
     Shares,
 )
 from cockpit_core.errors import CockpitWarning
+from cockpit_core.planner import Outcome, Task
 from cockpit_core.requirements import MergedRequirements, Statistic
 
 Stats = dict[tuple[str, str], list[Any]]
@@ -159,8 +163,26 @@ class StepSync:
                 missing[ident] = _not_combinable(by_ident[ident])
         nparams = len(self.params)
 
+        # 0. do the processes combine the same statistics? (a quantity dropped on one only)
+        plan = "|".join(f"{s.identity}:{rules[s.identity]}" for s in merged.statistics)
+        header = torch.tensor(
+            [len(idents), zlib.crc32(plan.encode())], dtype=torch.int64, device=self.dev
+        )
+        headers = [torch.zeros_like(header) for _ in range(R)]
+        dist.all_gather(headers, header, group=d.group)
+        if any(not torch.equal(h.cpu(), headers[0].cpu()) for h in headers):
+            for ident in idents:
+                missing.setdefault(
+                    ident,
+                    f"{by_ident[ident].describe()}: the processes did not plan the same "
+                    "statistics at this step (a quantity was dropped on some process only; "
+                    "see the errors recorded there).",
+                )
+            idents = []
+
         # 1. layout: per (statistic, parameter) the local length, -1 if None; missing flags
-        meta = [len(info["individual_losses"]) if "individual_losses" in info else -1]
+        has_losses = "individual_losses" in info
+        meta = [len(info["individual_losses"]) if has_losses else -1, int("loss" in info)]
         for ident in idents:
             meta.append(1 if ident in missing else 0)
             for v in stats.get(ident, [None] * nparams):
@@ -173,10 +195,15 @@ class StepSync:
         dist.all_gather(metas, mine, group=d.group)
         table = torch.stack(metas).cpu()  # [R, len(meta)]
 
-        # 2. one float64 all-reduce: sums, weighted means, gathered rows, maxima, gradient
+        # 2. one float64 all-reduce: sums, weighted means, gathered rows, maxima, gradient.
+        # Its layout depends only on the table, so it is the same on every process; what
+        # fails here contributes zeros and a flag (one per process and statistic) instead.
         buf = ReduceBuffer(self.dev)
-        pos = 1
+        pos = 2
         plans: dict[tuple[str, str], list[Any]] = {}
+        errors: dict[tuple[str, str], str] = {}
+        packed: list[tuple[str, str]] = []
+        local_flags: list[float] = []
         for ident in idents:
             flags = table[:, pos]
             pos += 1
@@ -192,24 +219,64 @@ class StepSync:
                 continue
             if rules[ident] == "project":
                 continue  # needs the global gradient: step 3
-            plans[ident] = [
-                self._plan(buf, by_ident[ident], rules[ident], stats[ident][i], lengths[:, i], i)
-                for i in range(nparams)
-            ]
+            stat, how = by_ident[ident], str(rules[ident])
+            try:  # from the table alone: the same outcome on every process
+                layouts = [self._layout(stat, how, lengths[:, i], i) for i in range(nparams)]
+            except RuntimeError as err:
+                missing[ident] = str(err)
+                continue
+            failed = 0.0
+            try:
+                pieces = [
+                    None if lay is None else self._pieces(lay, stats[ident][i], i)
+                    for i, lay in enumerate(layouts)
+                ]
+            except Exception as err:
+                errors[ident] = f"{type(err).__name__}: {err}"
+                failed = 1.0
+                pieces = [
+                    None if lay is None else self._pieces(lay, None, i)
+                    for i, lay in enumerate(layouts)
+                ]
+            plans[ident] = [None if pc is None else self._add(buf, pc) for pc in pieces]
+            packed.append(ident)
+            local_flags.append(failed)
         loss_slot = None
-        if "loss" in info:
-            loss_slot = buf.add(
-                torch.tensor(_scalar(info["loss"]) * self.weight, dtype=torch.float64)
-            )
+        if int(table[:, 1].min()) > 0:
+            try:
+                loss_value = _scalar(info["loss"]) * self.weight
+            except Exception:
+                loss_value = float("nan")
+            loss_slot = buf.add(torch.tensor(loss_value, dtype=torch.float64))
         losses_slot = None
         if int(table[:, 0].min()) >= 0:
-            losses_slot = buf.add_rows(
-                info["individual_losses"].detach().reshape(-1), table[:, 0].tolist(), rank
-            )
+            lens = table[:, 0].tolist()
+            try:
+                rows = info["individual_losses"].detach().reshape(-1)
+                if int(rows.numel()) != lens[rank]:
+                    raise ValueError("individual_losses has not one value per sample")
+            except Exception:
+                rows = torch.full((lens[rank],), float("nan"), dtype=torch.float64)
+            losses_slot = buf.add_rows(rows, lens, rank)
         self.gradient.plan(buf)
+        flag_slot = None
+        if packed:
+            mine_flags = torch.tensor(local_flags, dtype=torch.float64)
+            flag_slot = buf.add_rows(mine_flags, [len(packed)] * R, rank)
         reduced = buf.all_reduce(d.group)
 
         # 3. unpack
+        if flag_slot is not None:
+            failed_table = reduced[flag_slot].reshape(R, len(packed)).cpu()
+            for j, ident in enumerate(packed):
+                if bool(failed_table[:, j].any()):
+                    who = [r for r in range(R) if failed_table[r, j] > 0]
+                    here = f" (here: {errors[ident]})" if ident in errors else ""
+                    missing[ident] = (
+                        f"{by_ident[ident].describe()} could not be combined: it failed on "
+                        f"process(es) {who}{here}."
+                    )
+                    plans.pop(ident)
         out: Stats = {}
         for ident, per_param in plans.items():
             out[ident] = [None if p is None else p(reduced) for p in per_param]
@@ -224,23 +291,97 @@ class StepSync:
             new_info["loss"] = (
                 value.to(loss.dtype) if isinstance(loss, Tensor) else float(value.item())
             )
+        elif int(table[:, 1].max()) > 0:  # only some processes know their loss
+            new_info.pop("loss", None)
         if losses_slot is not None:
             new_info["individual_losses"] = reduced[losses_slot].to(info["individual_losses"].dtype)
+        else:  # the local per-sample losses are not the global batch's
+            new_info.pop("individual_losses", None)
         if self.known:
             new_info["batch_size"] = self.total
         if hvp is not None:
             hvp = DistributedHVP(hvp, self.shares)
         return new_info, out, missing, grads, hvp
 
-    def _plan(
-        self, buf: ReduceBuffer, stat: Statistic, how: str, value: Any, lengths: Tensor, i: int
-    ) -> Any:
-        """Put one parameter's statistic into ``buf``; return how to read the result."""
+    # -- the quantities ------------------------------------------------------------------
+
+    def run(self, tracker: Any, step: int, tasks: list[Task], data: Any, skipped: bool) -> None:
+        """Run the step's quantity phases on every process in lockstep; record the outcome.
+
+        Replaces ``tracker.run`` under ``torch.distributed``; every process calls it at every
+        tracked step (``skipped``: this process skipped the step, e.g. non-finite values).
+        A quantity that fails on any process fails on every process (the error recorded
+        by the error policy names the process(es)); no process issues a collective that
+        the others do not, so training goes on. See :class:`Lockstep`.
+        """
+        d, R = self.d, self.d.world
+        keys = [_key(t) for t in tasks]
+        hvp = data.hvp if isinstance(data.hvp, DistributedHVP) else None
+        size = sum(int(p.numel()) for p in self.params) if hvp is not None else 0
+        crc = zlib.crc32("|".join(keys).encode())
+        header = torch.tensor([len(tasks), crc, int(skipped), size], dtype=torch.int64)
+        header = header.to(self.dev)
+        headers = [torch.zeros_like(header) for _ in range(R)]
+        dist.all_gather(headers, header, group=d.group)
+        table = torch.stack(headers).cpu()
+        common = list(tasks)
+        if bool((table[:, :2] != table[0, :2]).any()):  # different quantities scheduled
+            lists: list[Any] = [None] * R
+            dist.all_gather_object(lists, keys, group=d.group)
+            shared = set.intersection(*(set(k) for k in lists))
+            order = {k: i for i, k in enumerate(lists[0])}
+            common = sorted((t for t in tasks if _key(t) in shared), key=lambda t: order[_key(t)])
+            alone = [t for t in tasks if _key(t) not in shared]
+            tracker.record(
+                step,
+                alone,
+                [
+                    _elsewhere(t, step, f"it did not run on process(es) {lacking}")
+                    for t in alone
+                    for lacking in [[r for r in range(R) if _key(t) not in lists[r]]]
+                ],
+            )
+        if bool(table[:, 2].any()):  # a process skipped the step: every process does
+            who = [r for r in range(R) if table[r, 2]]
+            if not skipped:
+                tracker.policy.skip(
+                    step,
+                    tasks,
+                    f"skipped on process(es) {who}",
+                    ("", "skipped elsewhere"),
+                    f"step {step} skipped: it was skipped on process(es) {who} (see the "
+                    "reason recorded there); training continues.",
+                )
+            return
+        if not common:
+            return
+        lock = Lockstep(self.shares, int(table[:, 3].max()), len(common))
+        if hvp is not None:
+            hvp.lockstep = lock
+        outcomes = tracker.compute(step, common, data, before=lock.enter)
+        flags = torch.tensor(
+            [0.0 if ok else 2.0 if i in lock.lost else 1.0 for i, (ok, _) in enumerate(outcomes)],
+            dtype=torch.float64,
+        )
+        everyone = lock.finish(flags)
+        for i, task in enumerate(common):
+            column = everyone[:, i]
+            if not bool(column.any()) or (not outcomes[i].ok and i not in lock.lost):
+                continue  # fine everywhere, or failed here: recorded as computed
+            who = [r for r in range(R) if column[r] == 1.0] or [
+                r for r in range(R) if column[r] > 0
+            ]
+            outcomes[i] = _elsewhere(task, step, f"it failed on process(es) {who}")
+        tracker.record(step, common, outcomes)
+
+    # -- packing the statistics ------------------------------------------------------------
+
+    def _layout(self, stat: Statistic, how: str, lengths: Tensor, i: int) -> Any:
+        """Where parameter ``i``'s statistic goes in the buffer, from the table alone."""
         present = [int(n) for n in lengths.tolist()]
         if all(n < 0 for n in present):
             return None
         p = self.params[i]
-        dtype = value.dtype if value is not None else p.dtype
         if how == "gather":
             per_row = _row_shape(stat, p)
             if per_row is None and any(n < 0 for n in present):
@@ -250,19 +391,47 @@ class StepSync:
             if per_row is not None:  # no gradient on a process: its g_n are zero
                 numel = math.prod(per_row)
                 present = [n if n >= 0 else self.sizes[r] * numel for r, n in enumerate(present)]
-                if value is None:
-                    value = torch.zeros(self.sizes[self.d.rank], *per_row, device=self.dev)
-            tail = tuple(value.shape[1:])
-            sl = buf.add_rows(value.reshape(-1), present, self.d.rank)
-            return lambda red: red[sl].to(dtype).reshape(-1, *tail)
+            return ("gather", present, per_row)
         sizes = {n for n in present if n >= 0}
         if len(sizes) != 1:
             raise RuntimeError(f"{stat.describe()} has different sizes on different processes.")
         numel = sizes.pop()
-        shape = tuple(value.shape) if value is not None else tuple(p.shape)
-        local = value.reshape(-1) if value is not None else torch.zeros(numel, device=self.dev)
-        scale = self.weight if how == "mean" else 1.0
         k = stat.max_last
+        if k and numel < k:
+            raise RuntimeError(f"{stat.describe()} has fewer than {k} values.")
+        return (how, numel, k)
+
+    def _pieces(self, layout: Any, value: Any, i: int) -> Any:
+        """The local tensors for ``layout`` (zeros if ``value`` is None) and how to read them."""
+        p = self.params[i]
+        rank = self.d.rank
+        if layout[0] == "gather":
+            _, present, per_row = layout
+            dtype = value.dtype if value is not None else p.dtype
+            if value is None:
+                flat = torch.zeros(present[rank], dtype=torch.float64)
+                tail = tuple(per_row) if per_row is not None else ()
+            else:
+                flat, tail = value.reshape(-1), tuple(value.shape[1:])
+            if int(flat.numel()) != present[rank]:
+                raise RuntimeError(f"{int(flat.numel())} values here, expected {present[rank]}")
+            return ("gather", flat, present, dtype, tail)
+        how, numel, k = layout
+        dtype = value.dtype if value is not None else p.dtype
+        shape = tuple(value.shape) if value is not None else tuple(p.shape)
+        local = value.reshape(-1) if value is not None else torch.zeros(numel, dtype=torch.float64)
+        if int(local.numel()) != numel:
+            raise RuntimeError(f"{int(local.numel())} values here, expected {numel}")
+        scale = self.weight if how == "mean" else 1.0
+        return ("reduce", local, scale, k, dtype, shape)
+
+    def _add(self, buf: ReduceBuffer, pieces: Any) -> Any:
+        """Put ``pieces`` into ``buf``; return how to read the combined value."""
+        if pieces[0] == "gather":
+            _, flat, present, dtype, tail = pieces
+            sl = buf.add_rows(flat, present, self.d.rank)
+            return lambda red: red[sl].to(dtype).reshape(-1, *tail)
+        _, local, scale, k, dtype, shape = pieces
         if k:
             head = buf.add(local[:-k] * scale)
             tail_sl = buf.add_rows(local[-k:], [k] * self.d.world, self.d.rank)
@@ -274,6 +443,20 @@ class StepSync:
             return read
         sl = buf.add(local * scale)
         return lambda red: red[sl].to(dtype).reshape(shape)
+
+
+def _key(task: Task) -> str:
+    """A task's name, the same on every process."""
+    return f"{task.quantity.key}:{task.phase}"
+
+
+def _elsewhere(task: Task, step: int, why: str) -> Outcome:
+    """``task`` failed because of other processes: the outcome every process records."""
+    err = OtherProcessError(
+        f"'{task.quantity.key}' ({task.phase}) is not recorded at step {step}: {why} "
+        "(see the error recorded there); every process records it as failed."
+    )
+    return Outcome(False, err)
 
 
 def _row_shape(stat: Statistic, p: Tensor) -> tuple[int, ...] | None:

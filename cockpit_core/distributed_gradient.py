@@ -186,6 +186,7 @@ class GlobalGradient:
         """
         s = self.shares
         local: dict[tuple[str, str], list[Tensor]] = {}
+        errors: dict[tuple[str, str], str] = {}
         counts: list[int] = []
         for stat in declared:
             try:
@@ -197,9 +198,12 @@ class GlobalGradient:
                     rows = local[stat.identity]
                     counts.append(int(rows[0].shape[1]) if rows else 0)
             except Exception as err:
-                missing[stat.identity] = failed_directions(stat, err)
-                counts.append(-1)
+                errors[stat.identity] = failed_directions(stat, err)
+                local.pop(stat.identity, None)
+                if stat.fn is not None:
+                    counts.append(-1)
         custom = [stat for stat in declared if stat.fn is not None]
+        width = {stat.identity: 1 for stat in declared if stat.fn is None}
         if custom:  # agree on which statistics every process could project
             mine = torch.tensor(counts, dtype=torch.int64, device=s.device)
             everyone = [torch.zeros_like(mine) for _ in range(s.world)]
@@ -208,25 +212,58 @@ class GlobalGradient:
             for j, stat in enumerate(custom):
                 column = table[:, j]
                 if int(column.min()) < 0 or int(column.max()) != int(column.min()):
+                    who = [r for r in range(s.world) if int(column[r]) < 0]
                     missing.setdefault(
                         stat.identity,
-                        f"{stat.describe()}: its projection directions failed on some process.",
+                        errors.get(stat.identity)
+                        or f"{stat.describe()}: its projection directions failed on "
+                        f"process(es) {who or list(range(s.world))}; see the errors there.",
                     )
                     local.pop(stat.identity, None)
+                else:
+                    width[stat.identity] = int(column[0])
+        # the layout depends only on what every process knows (the table, the batch sizes):
+        # a projection that failed here contributes zeros and a flag in the same all-reduce
+        kept = [stat for stat in declared if stat.identity in width]
         buf = ReduceBuffer(s.device)
-        slots = {}
-        for ident, rows in local.items():
-            slots[ident] = []
-            for row in rows:
-                k = int(row.numel()) // s.sizes[s.rank]
-                lengths = [n * k for n in s.sizes]
-                sl = buf.add_rows(row.reshape(-1), lengths, s.rank)
-                slots[ident].append((sl, row.dtype, tuple(row.shape[1:])))
+        slots: dict[tuple[str, str], list[tuple[slice, torch.dtype, tuple[int, ...]]]] = {}
+        flags = torch.zeros(len(kept), dtype=torch.float64)
+        for j, stat in enumerate(kept):
+            ident, k = stat.identity, width[stat.identity]
+            lengths = [n * k for n in s.sizes]
+            pieces = []
+            try:
+                for row in local[ident]:
+                    if int(row.numel()) != lengths[s.rank]:
+                        raise RuntimeError(
+                            f"{stat.describe()}: {int(row.numel())} values here, expected "
+                            f"{lengths[s.rank]}"
+                        )
+                    pieces.append((row.reshape(-1), row.dtype, tuple(row.shape[1:])))
+            except Exception as err:
+                errors.setdefault(ident, f"{stat.describe()}: {type(err).__name__}: {err}")
+                flags[j] = 1.0
+                zero = torch.zeros(lengths[s.rank], device=s.device)
+                tail = (k,) if stat.fn is not None else ()
+                pieces = [(zero, torch.float64, tail) for _ in self.params]
+            slots[ident] = [
+                (buf.add_rows(flat, lengths, s.rank), dt, tail) for flat, dt, tail in pieces
+            ]
+        flag_slot = buf.add_rows(flags, [len(kept)] * s.world, s.rank) if kept else None
         red = buf.all_reduce(s.group)
-        return {
-            ident: [red[sl].to(dt).reshape(-1, *tail) for sl, dt, tail in per_param]
-            for ident, per_param in slots.items()
-        }
+        out: dict[tuple[str, str], list[Tensor]] = {}
+        failed = red[flag_slot].reshape(s.world, len(kept)).cpu() if flag_slot is not None else None
+        for j, stat in enumerate(kept):
+            ident = stat.identity
+            if failed is not None and bool(failed[:, j].any()):
+                who = [r for r in range(s.world) if failed[r, j] > 0]
+                here = f" (here: {errors[ident]})" if ident in errors else ""
+                missing[ident] = (
+                    f"{stat.describe()} could not be projected on process(es) {who}{here}."
+                )
+                continue
+            out[ident] = [red[sl].to(dt).reshape(-1, *tail) for sl, dt, tail in slots[ident]]
+        return out
 
     def _project(self, stat: Any, value: Any, grad: Tensor, param: Tensor) -> Tensor:
         """The local projections of one parameter (zeros if it had no gradient here)."""
@@ -241,11 +278,82 @@ class GlobalGradient:
         return torch.zeros(rows, k, device=self.shares.device)
 
 
+class OtherProcessError(RuntimeError):
+    """What failed on another process (so it fails here too: collectives stay matched)."""
+
+
+class Lockstep:
+    """Keeps the collectives of the quantity phase matched across processes.
+
+    The quantities of a tracked step run in the same order on every process (task ``i``
+    has slot ``i + 1``; ``tasks + 1`` means done). Every collective of that phase is an
+    all-reduce of the same size: ``size`` payload entries (a Hessian-vector product, zero
+    otherwise), then each process's slot, then each process's failure flag per task. A
+    process whose quantity raised, locally, goes on to the next one; the others notice it
+    in the slots of the next all-reduce: a process behind the furthest one abandons its
+    task (:class:`OtherProcessError`), the others repeat their message until everyone is
+    at the same slot. :meth:`finish` returns every process's flags once all are done.
+    """
+
+    def __init__(self, shares: Shares, size: int, tasks: int):
+        self.shares, self.size, self.tasks = shares, size, tasks
+        self.slot = 0
+        self.lost: set[int] = set()  # tasks abandoned here because another process left them
+
+    def _round(self, payload: Tensor | None, flags: Tensor | None) -> Tensor:
+        s = self.shares
+        buf = torch.zeros(self.size + s.world * (1 + self.tasks), dtype=torch.float64)
+        buf = buf.to(s.device)
+        if payload is not None:
+            buf[: self.size] = payload
+        buf[self.size + s.rank] = float(self.slot)
+        if flags is not None and self.tasks:
+            start = self.size + s.world + s.rank * self.tasks
+            buf[start : start + self.tasks] = flags.to(buf)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=s.group)
+        return buf
+
+    def enter(self, task: int) -> None:
+        """Task ``task`` (its index) begins here (``Tracker.compute`` calls it)."""
+        self.slot = task + 1
+
+    def exchange(self, payload: Tensor) -> Tensor:
+        """Sum ``payload`` (``size`` float64 entries) over the processes at this task."""
+        s = self.shares
+        if int(payload.numel()) != self.size:
+            raise RuntimeError(f"{payload.numel()} values to reduce, expected {self.size}")
+        while True:
+            red = self._round(payload, None)
+            slots = red[self.size : self.size + s.world].round().long().cpu()
+            if int(slots.min()) == int(slots.max()):
+                return red[: self.size]
+            if self.slot < int(slots.max()):  # another process left this task: it failed
+                self.lost.add(self.slot - 1)
+                gone = [r for r in range(s.world) if int(slots[r]) != self.slot]
+                raise OtherProcessError(
+                    f"process(es) {gone} left this quantity while it computed Hessian-vector "
+                    "products here (it failed there)"
+                )
+            # ahead of some process: repeat until it catches up
+
+    def finish(self, flags: Tensor) -> Tensor:
+        """Every process's flags (``[world, tasks]``) once every process is done."""
+        s = self.shares
+        self.slot = self.tasks + 1
+        while True:
+            red = self._round(None, flags)
+            slots = red[self.size : self.size + s.world].round().long().cpu()
+            if bool((slots == self.slot).all()):
+                start = self.size + s.world
+                return red[start:].reshape(s.world, self.tasks).cpu()
+
+
 class DistributedHVP:
     """Hessian-vector products of the global mean loss: ``sum_r (B_r / N) H_r v``."""
 
     def __init__(self, local: Any, shares: Shares):
         self._local, self._shares = local, shares
+        self.lockstep: Lockstep | None = None
 
     @property
     def count(self) -> int:
@@ -258,7 +366,12 @@ class DistributedHVP:
         s = self._shares
         buf = ReduceBuffer(s.device)
         slots = [buf.add(h.reshape(-1) * s.weight) for h in hv]
-        red = buf.all_reduce(s.group)
+        if self.lockstep is not None:
+            flat = torch.cat(buf.parts) if buf.parts else torch.zeros(0, dtype=torch.float64)
+            buf.parts = []
+            red = self.lockstep.exchange(flat.to(s.device))
+        else:
+            red = buf.all_reduce(s.group)
         return [red[sl].to(h.dtype).reshape(h.shape).to(h.device) for h, sl in zip(hv, slots)]
 
     def release(self) -> None:

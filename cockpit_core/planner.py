@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cockpit_core.compiled import EagerStance
 from cockpit_core.errors import CockpitWarning
@@ -44,6 +44,24 @@ class Task:
         if self.phase == "end":
             return q.end_requirements()  # type: ignore[attr-defined]
         return q.requirements()
+
+
+class Outcome(NamedTuple):
+    """What computing one :class:`Task` gave (``Tracker.compute``, then ``Tracker.record``).
+
+    Attributes:
+        ok: Whether it returned.
+        result: Its value (a start state for ``"start"``, :data:`NOT_RUN` for a disabled
+            quantity) or, if not ``ok``, the exception.
+
+    """
+
+    ok: bool
+    result: Any
+
+
+NOT_RUN: Any = object()
+"""The result of a task whose quantity is disabled (``on_error="disable"``)."""
 
 
 class Planner:

@@ -575,7 +575,10 @@ class StepRun:
             if self.sync is None and any(s.combine == "project" for s in self.merged.statistics):
                 declared = self.merged.statistics
                 resolve_projections(self.stats, data.grads, tracker.params, declared, self.missing)
-            if self.tasks and not self._skip_nonfinite(factor):
+            skipped = bool(self.tasks) and self._skip_nonfinite(factor)
+            if self.sync is not None:  # every process takes part, in the same order
+                self.sync.run(tracker, step, self.tasks, data, skipped)
+            elif self.tasks and not skipped:
                 tracker.run(step, self.tasks, data)
         finally:
             data.release()

@@ -27,7 +27,7 @@ from cockpit_core.error_policy import ErrorPolicy
 from cockpit_core.errors import CockpitWarning, MissingInfoError
 from cockpit_core.normalize import to_serializable
 from cockpit_core.observe import ForwardObserver
-from cockpit_core.planner import Planner, Task
+from cockpit_core.planner import NOT_RUN, Outcome, Planner, Task
 from cockpit_core.quantity import Quantity
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.step_data import StepData
@@ -268,11 +268,27 @@ class Tracker:
 
     def run(self, step: int, tasks: list[Task], data: StepData) -> None:
         """Run the step's quantity phases; record values, and failures by the error policy."""
+        self.record(step, tasks, self.compute(step, tasks, data))
+
+    def compute(
+        self,
+        step: int,
+        tasks: Sequence[Task],
+        data: StepData,
+        before: Callable[[int], None] | None = None,
+    ) -> list[Outcome]:
+        """Each task's outcome, computed here; nothing recorded yet (see :meth:`record`).
+
+        ``before(i)`` runs before task ``i`` (``torch.distributed``: the lockstep slot).
+        """
         planner, cache = self.planner, self.cache
-        values: dict[int, dict[str, Any]] = {}
-        for task in tasks:
+        outcomes: list[Outcome] = []
+        for i, task in enumerate(tasks):
+            if before is not None:
+                before(i)
             q = task.quantity
             if planner.is_disabled(q.key):
+                outcomes.append(Outcome(True, NOT_RUN))
                 continue
             allowed = frozenset(s.identity for s in task.requirements.statistics)
             ctx = StepContext(data, q.key, allowed, cache)
@@ -281,26 +297,40 @@ class Tracker:
                 if task.phase == "single":
                     value = q.compute(ctx)
                 elif task.phase == "start":
-                    planner.started(q.key, step, q.compute_start(ctx))  # type: ignore[attr-defined]
-                    value = None
+                    value = q.compute_start(ctx)  # type: ignore[attr-defined]
                 else:
                     value = q.compute_end(ctx, planner.ended(q.key))  # type: ignore[attr-defined]
-                if value is not None:
+                if value is not None and task.phase != "start":
                     value = to_serializable(value)
             except (KeyboardInterrupt, GeneratorExit):
                 raise
             except BaseException as err:  # SystemExit from a plugin must not end the run either
                 self.cost.quantity(q.key, time.perf_counter() - t0)
-                if task.phase == "end":
-                    planner.drop([q.key])
-                self.policy.quantity_failed(q, step, task.phase, err)
+                outcomes.append(Outcome(False, err))
                 continue
             seconds = time.perf_counter() - t0
             self.cost.quantity(q.key, seconds)
             if self.debug:
                 print(f"[cockpit] step {step}: {q.key} ({task.phase}) {1e3 * seconds:.2f} ms")
-            if value is not None:
-                values.setdefault(task.start_step, {})[q.key] = value
+            outcomes.append(Outcome(True, value))
+        return outcomes
+
+    def record(self, step: int, tasks: Sequence[Task], outcomes: Sequence[Outcome]) -> None:
+        """Record what :meth:`compute` returned: values, two-step starts, failures."""
+        planner = self.planner
+        values: dict[int, dict[str, Any]] = {}
+        for task, (ok, result) in zip(tasks, outcomes):
+            q = task.quantity
+            if not ok:
+                if task.phase == "end":
+                    planner.drop([q.key])
+                self.policy.quantity_failed(q, step, task.phase, result)
+            elif result is NOT_RUN:
+                continue
+            elif task.phase == "start":
+                planner.started(q.key, step, result)
+            elif result is not None:
+                values.setdefault(task.start_step, {})[q.key] = result
         for s, vals in sorted(values.items()):
             if self.keep_in_memory:
                 self.output.setdefault(s, {}).update(vals)
