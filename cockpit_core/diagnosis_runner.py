@@ -19,6 +19,7 @@ changed since they were reported, so that the log ends with their whole stretch.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,8 @@ class DiagnosisRunner:
             ``cost`` records each).
         every_step: Check at every new step instead of every ``len(window) //
             CHECKS_PER_WINDOW`` steps (for tests and tiny windows).
+        check_online: Check while records come in; ``False`` only keeps the window (the
+            web view checks it when a page asks: ``run_checks`` over :meth:`window`).
 
     Attributes:
         reported: Every finding reported so far, by id, as last seen.
@@ -47,11 +50,17 @@ class DiagnosisRunner:
     """
 
     def __init__(
-        self, diagnoses: Sequence[Diagnosis], max_steps: int = 500, every_step: bool = False
+        self,
+        diagnoses: Sequence[Diagnosis],
+        max_steps: int = 500,
+        every_step: bool = False,
+        check_online: bool = True,
     ):
         self.diagnoses = list(diagnoses)
         self.max_steps = max_steps
         self.every_step = every_step
+        self.check_online = check_online
+        self._steps: list[int] = []  # a heap of the window's steps (dropped ones skipped lazily)
         self.reads = {key for d in self.diagnoses for key in d.reads}
         self.reads_cost = any("cost" in d.reads_records for d in self.diagnoses)
         self.output: dict[int, dict[str, Any]] = {}
@@ -75,15 +84,20 @@ class DiagnosisRunner:
             kept = {k: v for k, v in record["values"].items() if k in self.reads}
             if not kept:
                 return []
-            self.output.setdefault(int(record["step"]), {}).update(kept)
-            while len(self.output) > self.max_steps:
-                del self.output[min(self.output)]
+            step = int(record["step"])
+            if step not in self.output:
+                heapq.heappush(self._steps, step)
+            self.output.setdefault(step, {}).update(kept)
+            while len(self.output) > self.max_steps and self._steps:
+                self.output.pop(heapq.heappop(self._steps), None)  # the oldest step
         elif kind == "cost" and self.reads_cost:
             self.cost.append(dict(record))
             del self.cost[: -self.max_steps]
         else:
             return []
         self._new_steps.add(int(record.get("step", -1)))
+        if not self.check_online:
+            return []
         due = max(1, len(self.output) // CHECKS_PER_WINDOW)
         if not self.every_step and len(self._new_steps) < due:
             return []
@@ -115,6 +129,7 @@ class DiagnosisRunner:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: findings already reported are not reported again."""
         self.output = {int(s): dict(v) for s, v in sorted(state.get("output", {}).items())}
+        self._steps = sorted(self.output)  # a sorted list is a heap
         self.skipped = [dict(r) for r in state.get("skipped", ())]
         self.cost = [dict(r) for r in state.get("cost", ())]
         reported = [Finding.from_record(r) for r in state.get("reported", ())]
@@ -123,9 +138,13 @@ class DiagnosisRunner:
         self.failed = {str(name) for name in state.get("failed", ())}
         self._new_steps = {int(s) for s in state.get("new_steps", ())}
 
+    def window(self) -> Window:
+        """What the diagnoses see now: the kept steps, skipped and cost records, the header."""
+        return Window(self.output, self.skipped, self.header, self.cost)
+
     def _check(self) -> list[Finding]:
         self._new_steps.clear()
-        window = Window(self.output, self.skipped, self.header, self.cost)
+        window = self.window()
         new = []
         for finding in run_checks(self.diagnoses, window, self.failed):
             if finding.id in self.reported:

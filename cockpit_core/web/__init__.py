@@ -3,8 +3,9 @@
 ``cockpit serve RUN...`` (:func:`serve`) shows the runs' logs as plotly charts and updates
 them while the logs grow; ``cockpit plot RUN... -o dash.html`` (:func:`write_page`) writes
 the same page as one self-contained file. Both only read the logs. Modules: ``follow``
-(one log read incrementally), ``arrays`` (its per-parameter values, histograms and
-stability thresholds, bounded), ``panels`` (which series goes into which panel),
+(one log read incrementally, in bounded memory), ``reduce`` (a scalar series in at most N
+points), ``arrays`` (its per-parameter values, histograms and stability thresholds,
+bounded), ``panels`` (which series goes into which panel),
 ``extra_panels`` (per-parameter lines, the gradient histogram heat map, the threshold),
 ``feed`` (several runs and the page's data), ``findings`` (the diagnoses' findings: a list
 above the panels, shaded steps on them), ``page`` (the HTML), ``server`` (HTTP).

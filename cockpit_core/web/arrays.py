@@ -67,6 +67,12 @@ class Decimated:
             self.kept = {s: self.kept[s] for s in sorted(self.kept)[::2]}
             self.stride *= 2
 
+    def drop(self, step: int) -> None:
+        """Forget the value of ``step`` (a later run records the step again)."""
+        self.kept.pop(step, None)
+        if self.latest is not None and self.latest[0] == step:
+            self.latest = None
+
     def items(self) -> list[tuple[int, Any]]:
         """``(step, value)`` of every kept value and the latest, by step."""
         found = dict(self.kept)
@@ -150,6 +156,12 @@ class ArrayStore:
         """Take the parameter names of a ``header`` record."""
         params = record.get("params") or []
         self.param_names = [str(p.get("name", i)) for i, p in enumerate(params)]
+
+    def drop(self, step: int) -> None:
+        """Forget what ``step`` held: a later run of the log records it again (``read_run``)."""
+        for track in (*self.per_param.values(), *self.histograms.values()):
+            track.drop(step)
+        self.thresholds.pop(step, None)
 
     def values(self, step: int, values: Mapping[str, Any], names: Mapping[str, str]) -> None:
         """Take one ``values`` record: ``{output key: value}``, ``names`` as the follower's."""

@@ -5,11 +5,14 @@
 page's data (:meth:`Feed.payload`): the panels' plotly figures, a status per run and the
 runs' findings (:mod:`cockpit_core.web.findings`).
 
-The findings are those of ``cockpit diagnose``: the installed diagnoses run over each log
-(read whole again, skipping the lines the follower skips) and the findings it recorded while training, each once. While a log
-grows they run again, but after a run that took ``t`` seconds not before ``t /
-DIAGNOSE_SHARE`` seconds have passed, so they take at most a tenth of the server's time
-however long the log; in between the page shows the previous findings.
+The findings are those of ``cockpit diagnose``: the installed diagnoses run over what each
+follower keeps for them (fed record by record as the log grows, like the online
+:class:`~cockpit_core.diagnosis_runner.DiagnosisRunner`: the quantities they read, of the
+latest :data:`~cockpit_core.web.follow.DIAGNOSE_STEPS` steps; the log is never read again)
+and the findings it recorded while training, each once. While a log grows they run
+again, but after a run that took ``t`` seconds not before ``t / DIAGNOSE_SHARE`` seconds
+have passed, so they take at most a tenth of the server's time; in between the page shows
+the previous findings.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cockpit_core.dashboard.findings import run_findings
 from cockpit_core.errors import CockpitError
 from cockpit_core.web import findings as web_findings
 from cockpit_core.web.arrays import HEATMAP_COLUMNS
@@ -115,7 +117,9 @@ class Feed:
             if len(labels) != len(logs):
                 raise ValueError(f"{len(labels)} labels for {len(logs)} logs.")
             logs = [(log, str(label)) for (log, _), label in zip(logs, labels)]
-        self.runs = [LogFollower(path, label, heatmap_columns) for path, label in logs]
+        self.runs = [
+            LogFollower(path, label, heatmap_columns, max_points, diagnose) for path, label in logs
+        ]
         self.title = title or "cockpit: " + ", ".join(run.label for run in self.runs)
         self.max_points = max_points
         self.diagnose = diagnose
@@ -203,22 +207,29 @@ class Feed:
         last = self._diagnosed.get(index)
         if last is not None and (index not in self._stale or time.monotonic() < last.due):
             return last
-        from cockpit_core.log import LogFormatError, read_run
+        import warnings
+
+        from cockpit_core.dashboard.findings import as_findings, merge
+        from cockpit_core.errors import CockpitWarning
 
         start = time.monotonic()
-        try:  # what the follower shows: damaged lines skipped (it counts them)
-            data = read_run(run.path, skipped=[])
-        except FileNotFoundError:  # not there yet: training has not started
-            return _Diagnosed(logged)
-        except (OSError, LogFormatError) as err:  # being replaced, or damaged
-            if not run.error:
-                run.error = f"diagnoses not run: {err}"
-            return last or _Diagnosed(logged)
-        found, problems = run_findings(data)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = run.diagnosed()  # over the follower's window: nothing read again
+        problems = [
+            str(w.message).removeprefix("cockpit: ")
+            for w in caught
+            if issubclass(w.category, CockpitWarning)
+        ]
+        if last is not None:  # a diagnosis that failed once is skipped from then on
+            problems = list(dict.fromkeys([*last.problems, *problems]))
+        recorded = list({f.id: f for f in as_findings(run.findings.values())}.values())
         now = time.monotonic()
         self._stale.discard(index)
         self._diagnosed[index] = _Diagnosed(
-            [f.to_record() for f in found], problems, now + (now - start) / DIAGNOSE_SHARE
+            [f.to_record() for f in merge(found, recorded)],
+            problems,
+            now + (now - start) / DIAGNOSE_SHARE,
         )
         return self._diagnosed[index]
 

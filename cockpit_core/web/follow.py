@@ -1,50 +1,66 @@
-"""Following one log as it grows: its scalar series, read incrementally.
+"""Following one log as it grows: its scalar series, read incrementally, in bounded memory.
 
 A :class:`LogFollower` remembers how far it has read a JSON Lines log and, on each
 :meth:`~LogFollower.poll`, decodes only the complete lines written since, with the very
 decoder and shape checks of :func:`cockpit_core.log.read_run`
 (:func:`cockpit_core.log.read.decode_record`). A line that is damaged or holds a record of
-the wrong shape (a ``finding`` whose ``first_step`` is a string, a header whose
-``quantities`` is a number, ...) is skipped and counted, and the page says so (``"2
-records skipped: line 7: ..."``); the rest is shown. The records are folded by the same
-function as :func:`~cockpit_core.log.read_run`'s (:func:`cockpit_core.log.data.merge_runs`),
-so a log holding several runs (a resumed training re-recording some steps) shows exactly
-the steps and values that ``read_run`` gives. For that the follower keeps each record
-reduced to what its scalar series need (numbers and the objects holding them; arrays and
-strings dropped) and folds them again when new ones arrived.
+the wrong shape is skipped and counted, and the page says so (``"2 records skipped: line
+7: ..."``); the rest is shown.
 
-Records become scalar series with the same naming as the tracker sinks
+Each record is folded as it arrives, as :func:`~cockpit_core.log.data.merge_runs` folds a
+whole log: the latest run that records a step decides it (its earlier runs' values,
+per-parameter values, histograms and thresholds of that step are dropped), a resumed run's
+values up to its checkpoint complete the step, the latest run's metrics of a step win. A
+record costs the update of its own step: the follower keeps the folded rows (numbers only)
+of the latest :data:`WINDOW_STEPS` steps, and each scalar series as a
+:class:`~cockpit_core.web.reduce.ReducedSeries` (at most ``points`` points, older values
+reduced into min/max buckets), so its memory does not grow with the log. A record that
+changes a step older than the kept rows (a run resumed from an early checkpoint; a
+``resumed`` record after its run's first values) makes the follower fold the log again
+from its start, streamed in two passes (:meth:`LogFollower._refold`; :attr:`refolds`
+counts them). Series are named as the tracker sinks name them
 (:class:`cockpit_core.log.scalars.TagMap` without prefix): ``loss``, ``grad_norm/total``,
-``metrics/valid_loss`` ... (:func:`scalar_series`). A consolidated ``.json``
-(``cp.write``) is read whole again whenever it changes. The follower only reads: it never
-locks, truncates or waits for the file, so the training process that writes it is not
-slowed down. Per-parameter values, gradient histograms and stability thresholds go to
-the follower's :class:`~cockpit_core.web.arrays.ArrayStore` (:attr:`LogFollower.arrays`),
-as the records arrive (a later record of a step replaces the earlier one); a value it
-cannot draw (histogram counts that are strings, a ragged ``per_param``, ...) is left out
-and counted like a skipped record.
+``metrics/valid_loss`` ... (:func:`scalar_series`); the ``time`` quantity is counted from
+its value at its first step. A consolidated ``.json`` (``cp.write``) is read whole again
+whenever it changes. The follower only reads: it never locks, truncates or waits for the
+file. Per-parameter values, gradient histograms and stability thresholds go to the
+follower's :class:`~cockpit_core.web.arrays.ArrayStore` (:attr:`LogFollower.arrays`); with
+``diagnose`` the records the diagnoses read also go to a bounded window
+(:class:`~cockpit_core.diagnosis_runner.DiagnosisRunner`'s, the latest
+:data:`DIAGNOSE_STEPS` steps) that :meth:`LogFollower.diagnosed` checks.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cockpit_core.diagnose import build_diagnoses, report_order, run_checks
+from cockpit_core.diagnosis_runner import DiagnosisRunner
+from cockpit_core.errors import CockpitWarning
 from cockpit_core.log import LogData, LogFormatError, read_run
-from cockpit_core.log.data import merge_runs
 from cockpit_core.log.format import MAX_LINE_BYTES
 from cockpit_core.log.read import decode_record
 from cockpit_core.log.scalars import Scalar, TagMap, _number, quantity_entries
 from cockpit_core.metrics import METRICS_KEY
-from cockpit_core.web.arrays import HEATMAP_COLUMNS, ArrayStore
+from cockpit_core.web.arrays import HEATMAP_COLUMNS, HPARAMS, ArrayStore
+from cockpit_core.web.reduce import ReducedSeries
 
 READ_CHUNK = 16 << 20
 """Bytes read per poll at most; a longer backlog is read over the next polls."""
+
+WINDOW_STEPS = 512
+"""Latest steps whose folded rows the follower keeps (a later record may still change them)."""
+
+DIAGNOSE_STEPS = 10_000
+"""Latest tracked steps the diagnoses' window keeps (:class:`DiagnosisRunner`'s ``max_steps``)."""
 
 SHOWN_PROBLEMS = 3
 """Skipped lines whose problem the warning names (the count covers all)."""
@@ -61,17 +77,6 @@ def reduced(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: reduced(v) for k, v in value.items()}
     return None
-
-
-def _reduced_record(record: dict[str, Any]) -> dict[str, Any]:
-    kind = record.get("kind")
-    if kind == "values":
-        return {**record, "values": {k: reduced(v) for k, v in record["values"].items()}}
-    if kind == "metrics":
-        return {**record, "metrics": {k: reduced(v) for k, v in record["metrics"].items()}}
-    if kind == "header":
-        return {k: v for k, v in record.items() if k not in ("params", "config")}
-    return record
 
 
 def _time_keys(quantities: Any) -> set[str]:
@@ -131,8 +136,80 @@ def scalar_series(data: LogData) -> dict[str, dict[int, float | None]]:
     return _shifted(raw, time_keys)
 
 
+class _Keeper:
+    """A :class:`~cockpit_core.diagnosis_runner.DiagnosisRunner` used as the bounded window.
+
+    Fed record by record like the online runner (it keeps what its diagnoses read, of the
+    latest ``max_steps`` steps) but without checking online; the checks run over its whole
+    window when the page asks (:meth:`check`), as ``cockpit diagnose`` runs them over the
+    whole log.
+    """
+
+    def __init__(self, max_steps: int):
+        diagnoses = build_diagnoses(None, None, None)
+        self.runner = DiagnosisRunner(diagnoses, max_steps=max_steps, check_online=False)
+        self.observed = 0
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        self.observed += 1
+        self.runner.observe(record)
+
+    def drop(self, step: int) -> None:
+        """A later run re-records ``step``: forget the earlier run's values and events."""
+        self.runner.output.pop(step, None)
+        if self.runner.skipped:
+            self.runner.skipped = [r for r in self.runner.skipped if r.get("step") != step]
+        if self.runner.cost:
+            self.runner.cost = [r for r in self.runner.cost if r.get("step") != step]
+
+    def check(self) -> list[Any]:
+        """Every finding of the diagnoses over the window (in ``cockpit diagnose``'s order)."""
+        r = self.runner
+        window = r.window()
+        found = []
+        for diagnosis in r.diagnoses:  # one by one: one that fails does not stop the others
+            if diagnosis.name in r.failed:
+                continue
+            try:
+                found += run_checks([diagnosis], window, r.failed)
+            except Exception as err:  # noqa: BLE001 - a plugin's diagnosis, e.g. in applies()
+                r.failed.add(diagnosis.name)
+                warnings.warn(
+                    f"cockpit: diagnosis '{diagnosis.name}' failed and was skipped: "
+                    f"{type(err).__name__}: {err}"[:220],
+                    CockpitWarning,
+                    stacklevel=2,
+                )
+        return report_order(found)
+
+
+class _Row:
+    """One step's folded values (``None``: no run recorded values there) and metrics."""
+
+    __slots__ = ("metrics", "metrics_run", "run", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] | None = None
+        self.run = -1  # the run whose values these are
+        self.metrics: dict[str, Any] | None = None
+        self.metrics_run = -1
+
+    def folded(self) -> dict[str, Any] | None:
+        if self.metrics is None:
+            return None if self.values is None else self.values
+        return {**(self.values or {}), METRICS_KEY: self.metrics}
+
+
 class LogFollower:
-    """The scalar series of one log, brought up to date by :meth:`poll`.
+    """The scalar series of one log, brought up to date by :meth:`poll`, bounded in size.
+
+    Records are folded one by one as :func:`~cockpit_core.log.read_run` folds a whole log
+    (:func:`~cockpit_core.log.data.merge_runs`): the latest run that records a step decides
+    it, a resumed run completes the steps up to its checkpoint. A record costs the update
+    of its step's row and series; only the latest :data:`WINDOW_STEPS` steps keep their
+    rows. A record that changes a step older than that (a run resumed from an early
+    checkpoint, a ``resumed`` record after a run's first values) makes the follower fold
+    the log again from its start (streamed, in bounded memory: :meth:`_refold`).
 
     Args:
         path: A JSON Lines log (``log=...``; it may not exist yet) or a consolidated
@@ -140,46 +217,67 @@ class LogFollower:
         label: The run's name in legends.
         columns: Columns of the gradient histogram heat map at most (see
             :class:`~cockpit_core.web.arrays.HistogramTrack`).
+        points: Points of a scalar series kept and shown at most
+            (:class:`~cockpit_core.web.reduce.ReducedSeries`).
+        diagnose: Keep the diagnoses' window (:meth:`diagnose`).
 
     Attributes:
-        series: ``{tag: {step: value}}``; a non-finite value is ``None`` (a gap); those of
-            :func:`scalar_series` of :attr:`data`.
+        reduced_series: ``{tag: ReducedSeries}``.
         names: ``{output key: quantity name}`` from the headers (``cp.add`` included).
-        findings: ``{id: finding record}`` of the log's ``finding`` records (diagnoses that
-            ran while training).
-        arrays: Per-parameter series, histograms and stability thresholds.
-        data: The records read so far, reduced (see the module) and folded as
-            :func:`~cockpit_core.log.read_run` folds them.
+        findings: ``{id: finding record}`` of the log's ``finding`` records.
+        arrays: Per-parameter series, histograms and stability thresholds (the same fold).
         records: Records read so far.
+        applied: Records folded (counts a refold again): what a change cost.
+        refolds: How often the log was folded again from its start.
         skipped: Lines skipped so far (damaged, or records of the wrong shape), and values
             the view could not draw.
         problems: The first :data:`SHOWN_PROBLEMS` of those problems (``"line N: ..."``).
 
     """
 
-    def __init__(self, path: str | os.PathLike, label: str, columns: int = HEATMAP_COLUMNS):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        label: str,
+        columns: int = HEATMAP_COLUMNS,
+        points: int = 2000,
+        diagnose: bool = False,
+    ):
         self.path = Path(path)
         self.label = label
         self.columns = columns
-        self.arrays = ArrayStore(columns)
-        self.names: dict[str, str] = {}
-        self.findings: dict[str, dict[str, Any]] = {}
-        self.data = LogData()
+        self.points = points
+        self.diagnose = diagnose
+        self.diagnose_steps = DIAGNOSE_STEPS
         self.records = 0
         self.skipped = 0
+        self.applied = 0
+        self.refolds = 0
         self.problems: list[str] = []
         self._error: str | None = None
-        self._kept: list[dict[str, Any]] = []
-        self._raw: dict[str, dict[int, float | None]] = {}
+        self._identity: tuple[int, ...] | None = None
+        self._clear()
+
+    def _clear(self) -> None:
+        """Forget the fold (not the reading position)."""
+        self.arrays = ArrayStore(self.columns)
+        self.names: dict[str, str] = {}
+        self.findings: dict[str, dict[str, Any]] = {}
+        self.reduced_series: dict[str, ReducedSeries] = {}
+        self.keeper = _Keeper(self.diagnose_steps) if self.diagnose else None
         self._time_keys: set[str] = set()
         self._tags = TagMap("", per_param=False, histograms=False)
+        self._rows: dict[int, _Row] = {}
         self._step_tags: dict[int, list[str]] = {}
+        self._floor: int | None = None  # the largest step whose row was let go
         self._touched: set[int] = set()
-        self._several = False  # several runs (or a resumed one): fold all again
-        self._line = 0
-        self._offset = 0
-        self._pending = b""
-        self._identity: tuple[int, ...] | None = None
+        self._headers: list[dict[str, Any]] = []
+        self._run = 0
+        self._run_open = True  # the run may still take a header as its own
+        self._run_touched = False  # the run recorded values, errors or skipped steps
+        self._resumed: int | None = None
+        self._plan: list[tuple[int | None, set[int], set[int]]] | None = None  # refold
+        self._last_step: int | None = None
 
     @property
     def error(self) -> str | None:
@@ -200,13 +298,32 @@ class LogFollower:
 
     @property
     def series(self) -> dict[str, dict[int, float | None]]:
-        """``{tag: {step: value}}`` (see the class): :func:`scalar_series` of :attr:`data`."""
-        return _shifted(self._raw, self._time_keys)
+        """``{tag: {step: value}}`` of the points shown (:func:`scalar_series` while short)."""
+        return {
+            tag: series.points(tag in self._time_keys)
+            for tag, series in self.reduced_series.items()
+            if series.exact or series.buckets
+        }
+
+    @property
+    def data(self) -> LogData:
+        """The folded rows of the latest :data:`WINDOW_STEPS` steps (reduced), headers, findings."""
+        output = {}
+        for step in sorted(self._rows):
+            row = self._rows[step].folded()
+            if row is not None:
+                output[step] = row
+        return LogData(
+            header=self._headers[-1] if self._headers else {},
+            output=output,
+            headers=list(self._headers),
+            findings=list(self.findings.values()),
+        )
 
     @property
     def last_step(self) -> int | None:
         """The largest step with a value, ``None`` before the first."""
-        return max((max(s) for s in self.series.values() if s), default=None)
+        return self._last_step
 
     def poll(self) -> bool:
         """Read what was appended since the last poll; ``True`` if anything new arrived."""
@@ -231,43 +348,59 @@ class LogFollower:
             self._skip(f"a line longer than {MAX_LINE_BYTES} bytes")
             self._pending = b""
         before = (self.records, self.skipped)
+        refold = False
         for line in lines:
             self._line += 1
-            if line.strip():
+            if not line.strip():
+                continue
+            if refold:  # folded below: only counted now
+                self.records += self._decode(line, self._line, True) is not None
+                continue
+            try:
                 self._read_line(line)
-        if self.records > before[0]:
-            self._fold()
+            except _Refold:
+                refold = True
+            if len(self._touched) > WINDOW_STEPS:
+                self._update()
+        if refold:
+            self._refold()
+        self._update()
         return (self.records, self.skipped) != before
 
     def _reset(self) -> None:
-        self.names.clear()
-        self.findings.clear()
-        self.arrays = ArrayStore(self.columns)
-        self.data = LogData()
-        self.records = self.skipped = self._line = self._offset = 0
+        self.records = self.skipped = self.applied = 0
+        self._line = self._offset = 0
         self.problems = []
-        self._kept = []
-        self._raw = {}
-        self._time_keys = set()
-        self._step_tags = {}
-        self._touched = set()
-        self._several = False
         self._pending = b""
+        self._clear()
+
+    _offset = 0
+    _line = 0
+    _pending = b""
 
     def _skip(self, problem: str) -> None:
         self.skipped += 1
         if len(self.problems) < SHOWN_PROBLEMS:
             self.problems.append(problem)
 
-    def _read_line(self, line: bytes) -> None:
+    def _decode(self, line: bytes, number: int, count: bool) -> dict[str, Any] | None:
         try:
-            record = decode_record(line)
+            return decode_record(line)
         except (LogFormatError, ValueError) as err:  # JSON and UTF-8 errors included
-            why = err if isinstance(err, LogFormatError) else "not valid JSON"
-            self._skip(f"line {self._line}: {why}")
+            if count:
+                why = err if isinstance(err, LogFormatError) else "not valid JSON"
+                self._skip(f"line {number}: {why}")
+            return None
+
+    def _read_line(self, line: bytes) -> None:
+        record = self._decode(line, self._line, True)
+        if record is None:
             return
         self.records += 1
+        self._reading_line = self._line
         self.apply(record)
+
+    _reading_line = 0
 
     def _poll_whole(self, identity: tuple[int, ...]) -> bool:
         if identity == self._identity:
@@ -287,80 +420,232 @@ class LogFollower:
             self.apply({"kind": "finding", **finding})
         self.records = 1 + len(data.output)
         self._error = None
-        self._fold()
+        self._update()
         return True
 
-    def apply(self, record: dict[str, Any]) -> None:
-        """Take one checked record (:func:`~cockpit_core.log.read.decode_record`'s).
+    # -- the fold ------------------------------------------------------------------------
 
-        Call :meth:`_fold` after the last of a batch to bring :attr:`series` up to date.
+    def apply(self, record: dict[str, Any]) -> None:
+        """Fold one checked record (:func:`~cockpit_core.log.read.decode_record`'s).
+
+        Raises :class:`_Refold` (caught by :meth:`poll`) when it changes a step whose row
+        was let go; call :meth:`_update` after the last of a batch.
         """
+        self.applied += 1
         kind = record.get("kind")
-        kept = _reduced_record(record)
-        first = not self._kept
-        self._kept.append(kept)
+        plan = self._plan
         if kind == "header":
-            params = record.get("params")
-            listed = [p for p in params if isinstance(p, Mapping)] if params else []
-            self.arrays.header({"params": listed})
-            for key, entry in quantity_entries(record.get("quantities")).items():
-                self.names[key] = str(entry.get("name", key))
-            self._time_keys |= _time_keys(record.get("quantities"))
+            if not self._run_open:
+                self._run += 1
+                self._resumed = plan[self._run][0] if plan else None
+                self._run_touched = False
+            self._run_open = False
+            self._header(record)
         elif kind == "quantity_added":
             quantity = record["quantity"]
             self.names[str(quantity.get("key"))] = str(quantity.get("name"))
             self._time_keys |= _time_keys([quantity])
-        elif kind == "values":
-            step = record["step"]
-            for key, value in record["values"].items():
-                try:
-                    with np.errstate(all="ignore"):
-                        self.arrays.values(step, {key: value}, self.names)
-                except Exception as err:  # noqa: BLE001 - a value the view cannot draw
+        elif kind == "resumed":
+            if plan is None:
+                if self._run_touched:
+                    raise _Refold  # its earlier values were claims, now completions
+                self._resumed = record["step"]
+        elif kind == "finding":
+            add_finding_to(self.findings, record)
+        elif kind in ("values", "error", "skipped", "metrics"):
+            self._step_record(kind, record)
+        keeper = self.keeper
+        if keeper is not None and kind in ("header", "skipped", "cost"):
+            step = record.get("step")
+            if kind == "header" or not (isinstance(step, int) and self._claimed_later(step)):
+                keeper.observe(record)
+
+    def _header(self, record: dict[str, Any]) -> None:
+        header = {k: v for k, v in record.items() if k != "kind"}
+        self._headers.append({k: v for k, v in header.items() if k not in ("params", "config")})
+        params = record.get("params")
+        listed = [p for p in params if isinstance(p, Mapping)] if params else []
+        self.arrays.header({"params": listed})
+        for key, entry in quantity_entries(record.get("quantities")).items():
+            self.names[key] = str(entry.get("name", key))
+        self._time_keys |= _time_keys(record.get("quantities"))
+
+    def _claimed_later(self, step: int) -> bool:
+        """In a refold: whether a later run records ``step`` (so this run's is dropped)."""
+        plan = self._plan
+        return plan is not None and any(step in p[1] for p in plan[self._run + 1 :])
+
+    def _step_record(self, kind: str, record: dict[str, Any]) -> None:
+        step = record["step"] if kind != "skipped" or "step" in record else None
+        if kind != "metrics":
+            self._run_open = False
+            self._run_touched = True
+        if kind in ("error", "skipped"):
+            if step is None:
+                return
+        assert step is not None
+        plan = self._plan
+        if kind == "metrics":
+            if plan is not None and any(step in p[2] for p in plan[self._run + 1 :]):
+                return
+            row = self._row(step)
+            if row.metrics_run != self._run or row.metrics is None:
+                row.metrics, row.metrics_run = {}, self._run
+            row.metrics.update({k: reduced(v) for k, v in record["metrics"].items()})
+            self._touched.add(step)
+            return
+        if self._claimed_later(step):
+            return
+        completes = self._resumed is not None and step <= self._resumed
+        row = self._row(step)
+        if not completes and 0 <= row.run != self._run:  # this run claims the step
+            row.values = None
+            self.arrays.drop(step)
+            if self.keeper is not None:
+                self.keeper.drop(step)
+        row.run = self._run
+        if kind != "values":
+            self._touched.add(step)
+            return
+        if row.values is None:
+            row.values = {}
+        row.values.update({k: reduced(v) for k, v in record["values"].items()})
+        self._touched.add(step)
+        for key, value in record["values"].items():
+            if not isinstance(value, Mapping) and self.names.get(key, key) != HPARAMS:
+                continue  # nothing the ArrayStore keeps
+            try:
+                with np.errstate(all="ignore"):
+                    self.arrays.values(step, {key: value}, self.names)
+            except Exception as err:  # noqa: BLE001 - a value the view cannot draw
+                if self._plan is None:
                     self._skip(
-                        f"line {self._line}: the value {key!r:.40} of step {step} cannot be "
-                        f"drawn ({type(err).__name__}: {str(err):.80})"
+                        f"line {self._reading_line}: the value {key!r:.40} of step {step} "
+                        f"cannot be drawn ({type(err).__name__}: {str(err):.80})"
                     )
-        if (
-            (kind == "header" and not first)
-            or kind == "resumed"
-            or (kind == "values" and METRICS_KEY in record["values"])
-        ):
-            self._several = True  # merge_runs decides which run's steps are shown
-        if not self._several:  # one run so far: LogData.add folds it as merge_runs does
-            self.data.add(kept)
-            if kind == "header":
-                self.data.headers = [self.data.header]
-            if kind in ("values", "metrics"):
-                self._touched.add(kept["step"])
+        if self.keeper is not None:
+            self.keeper.observe(record)
 
-    def _fold(self) -> None:
-        """Fold the kept records as :func:`~cockpit_core.log.read_run` does; new series.
+    def _row(self, step: int) -> _Row:
+        row = self._rows.get(step)
+        if row is None:
+            if self._floor is not None and step <= self._floor and self._plan is None:
+                raise _Refold  # its row was let go: fold again from the start
+            row = self._rows[step] = _Row()
+        return row
 
-        While the log holds one run, only the steps that new records touched are
-        converted again; with several (or a resumed run) every record is folded again by
-        :func:`~cockpit_core.log.data.merge_runs`.
-        """
-        if self._several:
-            self.data = merge_runs(self._kept)
-            self._raw = {}
-            self._step_tags = {}
-            for step, row in self.data.output.items():
-                for tag, value in _row_scalars(self._tags, row).items():
-                    self._raw.setdefault(tag, {})[step] = value
-        else:
-            for step in sorted(self._touched):
-                for tag in self._step_tags.pop(step, ()):
-                    series = self._raw[tag]
-                    del series[step]
-                    if not series:
-                        del self._raw[tag]
-                found = _row_scalars(self._tags, self.data.output[step])
-                for tag, value in found.items():
-                    self._raw.setdefault(tag, {})[step] = value
+    def _update(self) -> None:
+        """Bring the series of the steps touched since the last update up to date."""
+        for step in sorted(self._touched):
+            row = self._rows.get(step)
+            folded = row.folded() if row is not None else None
+            found = _row_scalars(self._tags, folded) if folded is not None else {}
+            for tag in self._step_tags.pop(step, ()):
+                if tag not in found:
+                    self.reduced_series[tag].remove(step)
+            for tag, value in found.items():
+                series = self.reduced_series.get(tag)
+                if series is None:
+                    series = self.reduced_series[tag] = ReducedSeries(self.points)
+                series.set(step, value)
+            if found:
                 self._step_tags[step] = list(found)
+                if self._last_step is None or step > self._last_step:
+                    self._last_step = step
         self._touched.clear()
-        self.findings = {f["id"]: f for f in self.data.findings}
+        if len(self._rows) > WINDOW_STEPS:
+            for oldest in sorted(self._rows)[: len(self._rows) - WINDOW_STEPS]:
+                del self._rows[oldest]
+                self._step_tags.pop(oldest, None)
+                self._floor = oldest if self._floor is None else max(self._floor, oldest)
+
+    def _lines(self) -> Any:
+        """``(number, line)`` of the complete lines read so far, streamed from the file."""
+        end = self._offset - len(self._pending)
+        done = 0
+        number = 0
+        with open(self.path, "rb") as f:
+            while done < end:
+                line = f.readline(min(MAX_LINE_BYTES + 1, end - done))
+                if not line:
+                    return
+                done += len(line)
+                number += 1
+                if line.strip():
+                    yield number, line.rstrip(b"\n")
+
+    def _refold(self) -> None:
+        """Fold the log again from its start, in two streamed passes, in bounded memory.
+
+        The first pass finds each run's resume point and the steps it records (what a
+        later run takes over); the second folds every record that stays, as
+        :func:`~cockpit_core.log.data.merge_runs` keeps them.
+        """
+        self.refolds += 1
+        runs: list[tuple[int | None, set[int], set[int]]] = [(None, set(), set())]
+        open_run = True
+        resumed: list[int | None] = [None]
+        for number, line in self._lines():
+            record = self._decode(line, number, False)
+            if record is None:
+                continue
+            kind = record.get("kind")
+            if kind == "header":
+                if not open_run:
+                    runs.append((None, set(), set()))
+                    resumed.append(None)
+                open_run = False
+            elif kind == "resumed":
+                resumed[-1] = record["step"]
+            elif kind == "metrics":
+                runs[-1][2].add(record["step"])
+            elif kind in ("values", "error", "skipped"):
+                open_run = False
+                if "step" in record:
+                    runs[-1][1].add(record["step"])
+        plan = [
+            (r, {s for s in steps if r is None or s > r}, metrics)
+            for r, (_, steps, metrics) in zip(resumed, runs)
+        ]
+        applied, reading = self.applied, self._reading_line
+        self._clear()
+        self._plan = plan
+        self._resumed = plan[0][0]
+        for number, line in self._lines():
+            record = self._decode(line, number, False)
+            if record is not None:
+                self._reading_line = number
+                self.apply(record)
+                if len(self._touched) > WINDOW_STEPS:
+                    self._update()
+        self._update()
+        self._plan = None
+        self.applied += applied
+        self._reading_line = reading
+
+    def keep_all_steps(self) -> None:
+        """Let the diagnoses' window keep every step (a page written once, whole)."""
+        if self.diagnose_steps == sys.maxsize:
+            return
+        self.diagnose_steps = sys.maxsize
+        if self.keeper is not None and self.records and self.path.suffix != ".json":
+            self._refold()  # what the window let go
+        elif self.keeper is not None:
+            self.keeper.runner.max_steps = sys.maxsize
+
+    def diagnosed(self) -> list[Any]:
+        """The diagnoses' findings over the kept window (``[]`` without ``diagnose``)."""
+        return self.keeper.check() if self.keeper is not None else []
 
     def __repr__(self) -> str:
         return f"LogFollower({str(self.path)!r}, label={self.label!r})"
+
+
+class _Refold(Exception):
+    """A record changes a step whose row the follower let go: fold the log again."""
+
+
+def add_finding_to(findings: dict[str, dict[str, Any]], record: Mapping[str, Any]) -> None:
+    """Keep a ``finding`` record (without ``kind``) by id: the last of an id wins, in place."""
+    finding = {k: v for k, v in record.items() if k != "kind"}
+    findings[finding["id"]] = finding

@@ -256,6 +256,8 @@ def write_page(
     feed = (
         paths if isinstance(paths, Feed) else Feed(paths, title, labels=labels, diagnose=diagnose)
     )
+    for run in feed.runs:  # written once: the diagnoses see every step, as `cockpit diagnose`
+        run.keep_all_steps()
     text = render_page(feed.payload())
     out.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(out, text)
