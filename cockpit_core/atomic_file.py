@@ -42,12 +42,16 @@ def _mode(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike[str], mode: str = "wb", durable: bool = False
+) -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
 
     Args:
         path: The file to replace (its folder is created if missing).
         mode: ``"wb"`` (binary, default) or ``"w"`` (text, UTF-8).
+        durable: fsync the new file before the rename, and the folder after it (POSIX),
+            so that the new content survives a power loss, not only a killed process.
 
     Yields:
         The open temporary file; write the whole content to it.
@@ -69,12 +73,22 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
         encoding = "utf-8" if mode == "w" else None
         with os.fdopen(handle, mode, encoding=encoding) as out:
             yield out
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
         os.chmod(temporary, permissions)
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    if durable and os.name == "posix":  # make the rename itself durable
+        with contextlib.suppress(OSError):
+            folder = os.open(target.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

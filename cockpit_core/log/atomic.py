@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import stat
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import cockpit_core.log.format as log_format
+from cockpit_core.atomic_file import atomic_write
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.encode import dumps
 
@@ -27,33 +24,9 @@ def write_json_atomic(path: str | Path, value: Any) -> Path:
 
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = (dumps(value) + "\n").encode("utf-8")
-    if path.exists():
-        mode = stat.S_IMODE(path.stat().st_mode)
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if os.name == "posix":  # make the rename itself durable
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+    with atomic_write(path, "wb", durable=True) as out:
+        out.write(data)
     if len(data) > log_format.MAX_LINE_BYTES:
         warnings.warn(
             f"cockpit: {path} has {len(data)} bytes, more than the readers' default limit of "

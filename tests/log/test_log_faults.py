@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+import cockpit_core.atomic_file as atomic_file
 import cockpit_core.log as log_module
-import cockpit_core.log.atomic as log_atomic
 import cockpit_core.log.format as log_format
 import cockpit_core.log.write as log_write
 from cockpit_core import Cockpit, ConfigError
@@ -207,7 +207,7 @@ def test_training_with_keep_in_memory_false_survives_a_full_disk(tmp_path):
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    import cockpit_core.log.atomic as atomic
+    import cockpit_core.atomic_file as atomic
     from cockpit_core.testing import run_cockpit, tiny_mlp
 
     cp = run_cockpit(tiny_mlp(), ["loss"], steps=2).cockpit
@@ -245,7 +245,7 @@ def test_a_failed_write_raises_and_keeps_the_previous_file(tmp_path, monkeypatch
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(log_atomic.os, "fsync", full)
+    monkeypatch.setattr(atomic_file.os, "fsync", full)
     cp._tracker.output[5] = {"loss": 0.5}
     with pytest.raises(OSError, match="No space left"):
         cp.write(path)
