@@ -13,23 +13,20 @@ matched by its qualified name, so the plugin does not import ``transformers``.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from cockpit_core import OuterProductGrads, PerSampleGrads
-from cockpit_hooks.rules.base import Piece, Rule, Use, first_input
-from cockpit_hooks.rules.linear import LinearInput, bias_grads, weight_grads
+from cockpit_hooks.rules.base import Piece
+from cockpit_hooks.rules.linear import LinearRule, bias_grads, weight_grads
 
 
-class Conv1DRule(Rule):
-    """``transformers.pytorch_utils.Conv1D`` (``weight`` ``[in, out]``, ``bias`` ``[out]``)."""
+class Conv1DRule(LinearRule):
+    """``transformers.pytorch_utils.Conv1D`` (``weight`` ``[in, out]``, ``bias`` ``[out]``).
 
+    Its uses are a linear layer's (the input, completed by the output's gradient).
+    """
+
+    modules = ()
     class_names = ("transformers.pytorch_utils.Conv1D",)
-
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
-        """The layer input; the output's gradient completes the use."""
-        label = f"the input of {type(module).__name__}"
-        params = tuple((module, n) for n, _ in module.named_parameters(recurse=False))
-        return [Use(params, LinearInput(first_input(args, kwargs).detach(), label=label), output)]
 
     def per_sample(
         self, owner: torch.nn.Module, attr: str, pieces: list[Piece], batch_size: int
