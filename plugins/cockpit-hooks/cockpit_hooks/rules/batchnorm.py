@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cockpit_core import DenseGrads, PerSampleGrads
-from cockpit_hooks.rules.base import Piece, Rule, Unsupported, Use, batch_first, first_input
+from cockpit_hooks.rules.base import Unsupported, Use
+from cockpit_hooks.rules.norm import AffineNormRule, sum_over_spatial
 
 TRAINING_MODE = (
     "in training mode BatchNorm normalizes with the statistics of the batch, which mixes "
@@ -26,7 +26,7 @@ TRAINING_MODE = (
 )
 
 
-class BatchNormRule(Rule):
+class BatchNormRule(AffineNormRule):
     """``nn.BatchNorm1d/2d/3d`` with running statistics, in evaluation mode."""
 
     modules = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
@@ -44,22 +44,13 @@ class BatchNormRule(Rule):
         """The layer input, in eval mode; in training mode the pass is refused."""
         if module.training:
             raise Unsupported(TRAINING_MODE)
-        params = tuple((module, n) for n, _ in module.named_parameters(recurse=False))
-        return [Use(params, first_input(args, kwargs).detach(), output)]
+        return super().uses(module, args, kwargs, output)
 
-    def per_sample(
-        self, owner: torch.nn.Module, attr: str, pieces: list[Piece], batch_size: int
-    ) -> PerSampleGrads:
-        """``sum_s d_ns * x_hat_ns`` for the weight, ``sum_s d_ns`` for the bias."""
-        out = None
-        for x, grad in pieces:
-            batch_first(x, batch_size, f"the input of {type(owner).__name__}")
-            d = grad * batch_size
-            if attr == "weight":
-                shape = (1, -1) + (1,) * (x.dim() - 2)
-                mean = owner.running_mean.view(shape)
-                std = (owner.running_var.view(shape) + owner.eps).sqrt()
-                d = d * ((x - mean) / std)
-            part = d.sum(dim=tuple(range(2, d.dim()))) if d.dim() > 2 else d
-            out = part if out is None else out + part
-        return DenseGrads(out)
+    def normalized(self, module: torch.nn.Module, x: Tensor) -> Tensor:
+        """``(x - mu) / sqrt(sigma^2 + eps)`` with the running statistics, per channel."""
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        std = (module.running_var.view(shape) + module.eps).sqrt()
+        return (x - module.running_mean.view(shape)) / std
+
+    def reduce(self, module: torch.nn.Module, t: Tensor) -> Tensor:  # noqa: D102
+        return sum_over_spatial(t)

@@ -22,7 +22,7 @@ from cockpit_hooks.rules.base import Piece, Rule, Use, batch_first, first_input,
 _RMS_NORM = getattr(torch.nn, "RMSNorm", None)
 
 
-class _AffineRule(Rule):
+class AffineNormRule(Rule):
     """Shared part: keep the input, recompute ``x_hat``, reduce ``d`` and ``d * x_hat``."""
 
     def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
@@ -52,7 +52,7 @@ class _AffineRule(Rule):
         return DenseGrads(out)
 
 
-class LayerNormRule(_AffineRule):
+class LayerNormRule(AffineNormRule):
     """``nn.LayerNorm`` (and ``nn.RMSNorm``) over the last ``len(normalized_shape)`` axes."""
 
     modules = (torch.nn.LayerNorm,) + ((_RMS_NORM,) if _RMS_NORM is not None else ())
@@ -66,7 +66,7 @@ class LayerNormRule(_AffineRule):
         return sum_over_middle(t, keep_last=len(module.normalized_shape))
 
 
-class GroupNormRule(_AffineRule):
+class GroupNormRule(AffineNormRule):
     """``nn.GroupNorm`` on ``[B, C, *spatial]``: one ``gamma``, ``beta`` entry per channel."""
 
     modules = (torch.nn.GroupNorm,)
@@ -75,4 +75,9 @@ class GroupNormRule(_AffineRule):
         return F.group_norm(x, module.num_groups, None, None, module.eps)
 
     def reduce(self, module: torch.nn.Module, t: Tensor) -> Tensor:  # noqa: D102
-        return t.sum(dim=tuple(range(2, t.dim()))) if t.dim() > 2 else t
+        return sum_over_spatial(t)
+
+
+def sum_over_spatial(t: Tensor) -> Tensor:
+    """``[B, C, *spatial]`` summed down to ``[B, C]`` (per channel)."""
+    return t.sum(dim=tuple(range(2, t.dim()))) if t.dim() > 2 else t
