@@ -332,15 +332,11 @@ class StepSync:
             order = {k: i for i, k in enumerate(lists[0])}
             common = sorted((t for t in tasks if _key(t) in shared), key=lambda t: order[_key(t)])
             alone = [t for t in tasks if _key(t) not in shared]
-            tracker.record(
-                step,
-                alone,
-                [
-                    _elsewhere(t, step, f"it did not run on process(es) {lacking}")
-                    for t in alone
-                    for lacking in [[r for r in range(R) if _key(t) not in lists[r]]]
-                ],
-            )
+            outcomes = []
+            for t in alone:
+                lacking = [r for r in range(R) if _key(t) not in lists[r]]
+                outcomes.append(_elsewhere(t, step, f"it did not run on process(es) {lacking}"))
+            tracker.record(step, alone, outcomes)
         if bool(table[:, 2].any()):  # a process skipped the step: every process does
             who = [r for r in range(R) if table[r, 2]]
             if not skipped:
