@@ -138,6 +138,14 @@ class DiagnosisRunner:
         self.failed = {str(name) for name in state.get("failed", ())}
         self._new_steps = {int(s) for s in state.get("new_steps", ())}
 
+    def forget(self, step: int) -> None:
+        """Drop what the window holds of ``step`` (a resumed run records it anew)."""
+        self.output.pop(step, None)  # its heap entry is skipped when it comes up
+        if self.skipped:
+            self.skipped = [r for r in self.skipped if r.get("step") != step]
+        if self.cost:
+            self.cost = [r for r in self.cost if r.get("step") != step]
+
     def window(self) -> Window:
         """What the diagnoses see now: the kept steps, skipped and cost records, the header."""
         return Window(self.output, self.skipped, self.header, self.cost)

@@ -156,11 +156,7 @@ class _Keeper:
 
     def drop(self, step: int) -> None:
         """A later run re-records ``step``: forget the earlier run's values and events."""
-        self.runner.output.pop(step, None)
-        if self.runner.skipped:
-            self.runner.skipped = [r for r in self.runner.skipped if r.get("step") != step]
-        if self.runner.cost:
-            self.runner.cost = [r for r in self.runner.cost if r.get("step") != step]
+        self.runner.forget(step)
 
     def check(self) -> list[Any]:
         """Every finding of the diagnoses over the window (in ``cockpit diagnose``'s order)."""
