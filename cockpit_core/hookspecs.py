@@ -36,8 +36,8 @@ import pluggy
 if TYPE_CHECKING:  # only for annotations: importing them here would be an import cycle
     from pydantic import BaseModel
 
-    from cockpit_core.dashboard.instrument import Instrument
     from cockpit_core.diagnosis import Diagnosis
+    from cockpit_core.instrument import Instrument
     from cockpit_core.quantity import Quantity
     from cockpit_core.statistics.kinds import StatisticKind
     from cockpit_core.statistics.provider import StatisticProvider

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from cockpit_alpha._directions import UpdatePredictor, generic_direction
 from cockpit_alpha._fit import fit_quadratic, normalized_step
+from cockpit_alpha._span import fit_updates_in_span
 from cockpit_core import (
     SUM_GRAD_SQUARED,
     PerSampleGrads,
@@ -100,7 +101,8 @@ class Alpha(TwoStepQuantity):
     ``Var_n(g_n . r)`` is approximated by ``sum_i r_i^2 Var_n([g_n]_i)`` (covariances
     ignored). With a correct prediction ``r`` is rounding noise and the value equals the
     definition (``exact: True`` when every ``||r|| <= span_rtol ||d||`` plus rounding).
-    Memory: four parameter-sized tensors and ``B x 3`` numbers per layer, never ``B x D``.
+    Memory: four parameter-sized tensors and ``B x 3`` numbers per layer, never ``B x D``;
+    the end point's fit works on groups of layers (:mod:`cockpit_alpha._span`).
     """
 
     name = "alpha"
@@ -249,8 +251,16 @@ class Alpha(TwoStepQuantity):
         self._remember_optimizer(ctx)
         batch = next((t.numel() for t in layers if t is not None), 0)
         f_end, var_f_end = _loss_statistics(ctx.info, batch)
-        update = [(p.detach() - p0).to(torch.float64) for p, p0 in zip(ctx.params, state.theta)]
-        t = math.sqrt(sum(float((d * d).sum()) for d in update))
+        fit = fit_updates_in_span(
+            list(zip(state.grad, state.theta, state.direction)),
+            state.proj,
+            state.sum_sq,
+            ctx.params,
+            ctx.grads,
+            state.batch_size,
+            self.config.span_rtol,
+        )
+        t = math.sqrt(fit.step_sq)
         out: dict[str, Any] = {
             "alpha": -1.0,
             "exact": True,
@@ -264,54 +274,21 @@ class Alpha(TwoStepQuantity):
         }
         if t == 0.0:  # no step: no progress (Cockpit 1.0.2 also gives -1)
             return out
-        slope = [
-            sum(float((g.to(torch.float64) * d).sum()) for g, d in zip(grads, update)) / t
-            for grads in (state.grad, ctx.grads)
-        ]
+        slope = [fit.start_dot / t, fit.end_dot / t]
         end_proj = sum(o.to(torch.float64) for o in layers if o is not None) / t
-        start_proj, diagonal, exact = self._start_projections(state, update, ctx.params)
-        var_df = [float(start_proj.var()) / t**2 + diagonal / t**2, float(end_proj.var())]
+        var_df = [
+            float(fit.in_span.var()) / t**2 + fit.diagonal / t**2,
+            float(end_proj.var()),
+        ]
         mu = fit_quadratic(t, out["f"], slope, out["var_f"], var_df)
         out.update(
             alpha=normalized_step(mu, t),
-            exact=exact,
+            exact=fit.exact,
             df=slope,
             var_df=var_df,
             fit=[math.nan] * 3 if mu is None else [float(m) for m in mu],
         )
         return out
-
-    def _start_projections(
-        self, state: _Start, update: list[Tensor], params: list[Tensor]
-    ) -> tuple[Tensor, float, bool]:
-        """Per-sample ``g_n . d_fit`` at the start and the diagonal variance of the rest.
-
-        Per layer, ``d = d_fit + r`` with ``d_fit`` the least-squares fit of ``d`` in the
-        span of the projection directions: ``g_n . d_fit`` is exact from the ``B x 3``
-        projections; ``Var_n(g_n . r)`` is approximated by ``sum_i r_i^2 Var_n(g_n,i)``.
-        ``exact`` says whether every residual is within ``span_rtol`` (plus rounding).
-        """
-        batch = state.batch_size
-        x = torch.zeros(batch, dtype=torch.float64)
-        diagonal, exact = 0.0, True
-        rtol = self.config.span_rtol
-        for i, d in enumerate(update):
-            d = d.reshape(-1)
-            d_norm = float(d.norm())
-            if d_norm == 0.0:
-                continue
-            basis = torch.stack([state.grad[i], state.theta[i], state.direction[i]])
-            coeff, residual = _fit_in_span(basis.reshape(3, -1).to(torch.float64), d)
-            x += (state.proj[i].to(torch.float64) @ coeff.to(state.proj[i].device)).cpu()
-            rounding = torch.finfo(params[i].dtype).eps * float(params[i].detach().norm())
-            if float(residual.norm()) <= rtol * d_norm + rounding:
-                continue
-            exact = False
-            g = state.grad[i].reshape(-1).to(torch.float64)
-            sum_sq = state.sum_sq[i].reshape(-1).to(torch.float64)
-            variance = ((sum_sq - batch * g * g) / (batch - 1)).clamp(min=0.0)
-            diagonal += float((residual * residual * variance).sum())
-        return x, diagonal, exact
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -329,32 +306,6 @@ class Alpha(TwoStepQuantity):
         optimizer = ctx.optimizer
         if optimizer is not None:
             self._predictor = UpdatePredictor(optimizer)
-
-
-def _fit_in_span(basis: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
-    """Least-squares coefficients of ``d`` in the span of the rows of ``basis`` (3 x n).
-
-    Rows are normalized and directions closer than ~1e-6 rad are merged (pseudo-inverse of
-    the 3 x 3 Gram matrix), so a parallel pair (e.g. plain SGD: update = -lr g) is stable.
-
-    Returns:
-        ``(coefficients for the unnormalized rows, residual d - coefficients @ basis)``.
-
-    """
-    # Gram matrix and projections of the unnormalized rows (two passes over the basis),
-    # normalized afterwards: no normalized copy of the basis is formed
-    raw = torch.cat([basis @ basis.T, (basis @ d)[:, None]], dim=1).cpu()
-    norms = raw[:, :3].diagonal().clamp(min=0.0).sqrt()
-    scale = torch.where(norms > 0, 1.0 / norms, 0.0)
-    gram = raw[:, :3] * scale[:, None] * scale[None, :]
-    evals, evecs = torch.linalg.eigh(gram)
-    top = float(evals.max())
-    if top <= 0.0:
-        return torch.zeros(3, dtype=torch.float64), d
-    inverse = torch.where(evals > 1e-12 * top, 1.0 / evals, 0.0)
-    c_unit = evecs @ (inverse * (evecs.T @ (raw[:, 3] * scale)))
-    coeff = c_unit * scale
-    return coeff, d - coeff.to(basis.device, basis.dtype) @ basis
 
 
 def _loss_statistics(info: dict, batch: int) -> tuple[float, float]:
