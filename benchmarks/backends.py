@@ -34,8 +34,7 @@ CONFIGS = [
 def build(problem: str):
     """Model, a batch and the per-sample loss of ``problem`` (fixed seed)."""
     import torch
-
-    from cockpit_core import extend
+    from cockpit_backpack import extend
 
     torch.manual_seed(0)
     if problem == "mlp":
@@ -64,8 +63,9 @@ def build(problem: str):
 def child(problem: str, backend: str | None, chunk_size: int | None, steps: int) -> dict:
     """One measured run; returns median step time, peak RSS and the first step's values."""
     import torch
+    from cockpit_backpack import extend
 
-    from cockpit_core import Cockpit, extend
+    from cockpit_core import Cockpit
 
     model, x, y = build(problem)
     loss_fn = extend(torch.nn.CrossEntropyLoss())

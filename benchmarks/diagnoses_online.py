@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from cockpit_core import Cockpit
 from cockpit_core.demo import load_digits_tensors, make_model
 from cockpit_core.registry import default_registry
-from cockpit_core.testing.problems import extend
+from cockpit_core.testing.problems import prepared
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnoses_online.md"
 MODES = ("no diagnoses", "all diagnoses")
@@ -40,8 +40,8 @@ def run(mode: str, steps: int, folder: Path, data, rules: list[str]) -> dict[str
     """Train ``steps`` steps in ``mode``; return the loop's wall-clock and CPU seconds."""
     x, y = data
     torch.manual_seed(0)
-    model = extend(make_model())
-    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    model = prepared(make_model())
+    loss_fn = prepared(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     diagnoses = rules if mode == "all diagnoses" else None
     cp = Cockpit(model, "economy", log=folder / "log.jsonl", diagnoses=diagnoses)

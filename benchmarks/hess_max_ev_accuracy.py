@@ -39,12 +39,13 @@ from typing import Any
 
 import scipy.linalg
 import torch
+from cockpit_backpack import extend
 from cockpit_curvature import HessMaxEV
 from cockpit_curvature._common import flatten, step_generator
 from cockpit_curvature._lanczos import lanczos
 from torch.func import functional_call
 
-from cockpit_core import Cockpit, Quantity, Requirements, extend
+from cockpit_core import Cockpit, Quantity, Requirements
 from cockpit_core.testing import tiny_mlp
 
 HERE = Path(__file__).resolve().parent

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from cockpit_core import Cockpit
 from cockpit_core.dashboard import LivePlot
 from cockpit_core.demo import load_digits_tensors, make_model
-from cockpit_core.testing.problems import extend
+from cockpit_core.testing.problems import prepared
 
 RESULTS = Path(__file__).resolve().parent / "results" / "live_mode.md"
 MODES = ("no live plot", "live_every=5, inline", "live_every=5, background")
@@ -45,8 +45,8 @@ MODES = ("no live plot", "live_every=5, inline", "live_every=5, background")
 def run(mode: str, steps: int, folder: Path, data) -> dict[str, float]:
     x, y = data
     torch.manual_seed(0)
-    model = extend(make_model())
-    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    model = prepared(make_model())
+    loss_fn = prepared(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sinks = []
     if mode != "no live plot":

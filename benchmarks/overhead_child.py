@@ -202,10 +202,11 @@ def run(spec: dict) -> dict:
     if kind in ("plain", "ours", "peer"):
         # plain and peers import cockpit, its plugins and BackPACK too, so that import memory
         # cancels in RSS ratios
+        from cockpit_backpack import extend
+
         import cockpit_core
 
         cockpit_core.default_registry()
-        extend = cockpit_core.extend
     elif kind == "reference":
         import backpack
         import cockpit  # noqa: F401

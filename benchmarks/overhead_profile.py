@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cockpit_backpack  # noqa: E402
 import torch  # noqa: E402
 from overhead_child import LEARNING_RATE, N_BATCHES, NOT_EXTENDED, SETS, tracked_step  # noqa: E402
 from overhead_problems import PROBLEMS, get_problem  # noqa: E402
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     loss_fn = plain_loss = torch.nn.CrossEntropyLoss()
     if args.problem not in NOT_EXTENDED:
         model, loss_fn = (
-            cockpit_core.extend(model),
-            cockpit_core.extend(torch.nn.CrossEntropyLoss()),
+            cockpit_backpack.extend(model),
+            cockpit_backpack.extend(torch.nn.CrossEntropyLoss()),
         )
     gen = torch.Generator().manual_seed(1)
     batches = [problem.make_batch(gen) for _ in range(N_BATCHES)]

@@ -50,21 +50,17 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
         GRAD_BATCH,
         SUM_GRAD_SQUARED,
         Requirements,
-        Statistic,
         diag_ggn_mc,
         per_sample_projection,
         per_sample_transform,
     )
     from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
+    from cockpit_core.statistics.conv import ConvGrads
+    from cockpit_core.statistics.embedding import EmbeddingGrads
     from cockpit_core.statistics.kinds import StatisticKind
-    from cockpit_core.statistics.per_sample import (
-        ConvGrads,
-        DenseGrads,
-        EmbeddingGrads,
-        OuterProductGrads,
-        PerSampleGrads,
-    )
+    from cockpit_core.statistics.per_sample import DenseGrads, OuterProductGrads, PerSampleGrads
     from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
+    from cockpit_core.statistics.statistic import Statistic
     from cockpit_core.statistics.tied import TiedGrads
 
 _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped by topic
@@ -87,7 +83,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "Logarithmic": "cockpit_core.schedules",
     # statistics a quantity requires
     "Requirements": "cockpit_core.requirements",
-    "Statistic": "cockpit_core.requirements",
+    "Statistic": "cockpit_core.statistics.statistic",
     "BATCH_DOT": "cockpit_core.requirements",
     "BATCH_L2": "cockpit_core.requirements",
     "BATCH_PROJECTION": "cockpit_core.requirements",
@@ -105,8 +101,8 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "ParamSlot": "cockpit_core.statistics.provider",
     "PerSampleGrads": "cockpit_core.statistics.per_sample",
     "DenseGrads": "cockpit_core.statistics.per_sample",
-    "ConvGrads": "cockpit_core.statistics.per_sample",
-    "EmbeddingGrads": "cockpit_core.statistics.per_sample",
+    "ConvGrads": "cockpit_core.statistics.conv",
+    "EmbeddingGrads": "cockpit_core.statistics.embedding",
     "OuterProductGrads": "cockpit_core.statistics.per_sample",
     "TiedGrads": "cockpit_core.statistics.tied",
     # plugins
@@ -137,32 +133,16 @@ __all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str) -> _Any:
-    """Import a public name on first use; ``__version__``; ``extend`` from cockpit-backpack."""
+    """Import a public name on first use; ``__version__``."""
     module = _EXPORTS.get(name)
     if module is not None:
         value = getattr(_importlib.import_module(module), name)
         globals()[name] = value  # later lookups skip this function
         return value
     if name == "__version__":
-        from importlib import metadata
-
-        try:
-            version = metadata.version("cockpit-core")
-        except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-            version = "0+unknown"
+        version = _importlib.import_module("cockpit_core.plugins").core_version()
         globals()["__version__"] = version
         return version
-    if name == "extend":
-        try:
-            from cockpit_backpack import extend
-        except ImportError as err:
-            raise ImportError(
-                "cockpit_core.extend prepares a model for BackPACK and comes with the "
-                "cockpit-backpack distribution: pip install cockpit-backpack. Models need no "
-                "extend for the module-hook provider (cockpit-hooks): pass the model to "
-                "Cockpit(model, ...) or call cp.attach(model) (see docs/any_model.md)."
-            ) from err
-        return extend
     raise AttributeError(f"module 'cockpit_core' has no attribute {name!r}")
 
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from cockpit_core.requirements import Statistic
 from cockpit_core.statistics.combine import combine
+from cockpit_core.statistics.statistic import Statistic
 
 
 def micro_batch_size(info: dict[str, Any]) -> int:

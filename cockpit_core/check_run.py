@@ -26,9 +26,10 @@ from cockpit_core.coverage import described
 from cockpit_core.coverage_report import ParamRoute, QuantityOutcome, SampleReport
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.quantity import Quantity, TwoStepQuantity
-from cockpit_core.requirements import Requirements, Statistic
+from cockpit_core.requirements import Requirements
 from cockpit_core.statistics.provider import Collection, StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
+from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
 

@@ -18,7 +18,6 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
-import cockpit_core
 from cockpit_core.errors import MisuseError
 from cockpit_core.losses import PER_SAMPLE_LOSSES, logits_of
 
@@ -72,8 +71,17 @@ class SampleSpec:
     mean: torch.nn.Module | None = None
 
 
-def sample_spec(sample: Any, loss: Any, attached: Any = None) -> SampleSpec:
+def sample_spec(
+    sample: Any,
+    loss: Any,
+    attached: Any = None,
+    prepare: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+) -> SampleSpec:
     """Check ``sample`` and ``loss``; ``attached``: the per-sample loss of ``cp.attach``.
+
+    ``prepare`` readies the loss module of a named loss for the installed providers
+    (:meth:`Registry.prepare_module <cockpit_core.registry.Registry.prepare_module>`:
+    BackPACK's curvature starts at an extended loss module); ``None``: as is.
 
     Raises:
         MisuseError: A sample that is neither a callable nor a batch, a loss with a
@@ -103,7 +111,8 @@ def sample_spec(sample: Any, loss: Any, attached: Any = None) -> SampleSpec:
                 f"cp.check(model, sample, loss={loss!r}): unknown loss; name one of "
                 f"{sorted(PER_SAMPLE_LOSSES)} or pass a callable loss(outputs, targets)."
             )
-        return SampleSpec(None, inputs, targets, PER_SAMPLE_LOSSES[loss], loss, _module(loss))
+        mean = _module(loss, prepare)
+        return SampleSpec(None, inputs, targets, PER_SAMPLE_LOSSES[loss], loss, mean)
     name = _plain_name(loss)
     if name is not None:  # the training loss module, e.g. extend(nn.CrossEntropyLoss())
         return SampleSpec(None, inputs, targets, PER_SAMPLE_LOSSES[name], name, loss)
@@ -204,21 +213,19 @@ def _scores(outputs: Any) -> Any:
         return outputs
 
 
-def _module(name: str) -> torch.nn.Module | None:
-    """The loss module of ``name``, extended for BackPACK when cockpit-backpack is installed.
+def _module(
+    name: str, prepare: Callable[[torch.nn.Module], torch.nn.Module] | None
+) -> torch.nn.Module | None:
+    """The loss module of ``name``, after ``prepare`` (the providers' preparation).
 
     BackPACK's curvature (``diag_hessian``, ``diag_ggn``) starts at an extended loss module,
-    as in training with ``extend(nn.CrossEntropyLoss())``; other providers ignore it.
+    as in training with ``extend(nn.CrossEntropyLoss())``; other providers leave it as is.
     ``None`` for a loss without one (``causal_lm``: the mean of the per-sample losses).
     """
     if name not in MEAN_MODULES:
         return None
     module = MEAN_MODULES[name]()
-    try:
-        extend = cockpit_core.extend
-    except ImportError:  # no cockpit-backpack: nothing to extend for
-        return module
-    return extend(module)
+    return module if prepare is None else prepare(module)
 
 
 def _plain_name(loss: Any) -> str | None:

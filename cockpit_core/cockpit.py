@@ -28,8 +28,8 @@ from cockpit_core.coverage import (
     refuse_batch_norm,
     warn_unprovided_kinds,
 )
-from cockpit_core.diagnose import build_diagnoses
 from cockpit_core.diagnosis import Finding
+from cockpit_core.diagnosis_build import build_diagnoses
 from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.distributed import Distributed, active_group, writes_here
 from cockpit_core.errors import ConfigError, MisuseError
@@ -37,6 +37,7 @@ from cockpit_core.log import LogWriter
 from cockpit_core.metrics import METRICS_KEY, clean_metrics
 from cockpit_core.normalize import check_unique_keys, split_params
 from cockpit_core.observe import ForwardObserver, LossSpec, loss_spec
+from cockpit_core.plugins import core_version
 from cockpit_core.quantity import Quantity, ResumeContext
 from cockpit_core.registry import Registry, default_registry
 from cockpit_core.state import LoadReport, load_state, save_state
@@ -285,12 +286,10 @@ class Cockpit:
 
     def header(self) -> Record:
         """Versions of the core and plugins, the quantities and a parameter summary."""
-        from cockpit_core import __version__
-
         tracker = getattr(self, "_tracker", None)  # None while the constructor runs
         listed = self.quantities if tracker is None else tracker.listed
         return {
-            "cockpit_core": __version__,
+            "cockpit_core": core_version(),
             "plugins": {p.distribution: p.version for p in self.registry.plugins if p.ok},
             "quantities": [
                 {**quantity_entry(q), **({} if tracker is None else tracker.marks(q))}
@@ -732,7 +731,7 @@ class Cockpit:
                     "cp.check(model, sample=...) called inside a `with cp(step, ...)` block: "
                     "check the model before training or between steps."
                 )
-            spec = sample_spec(sample, loss, router.loss_fn)
+            spec = sample_spec(sample, loss, router.loss_fn, self.registry.prepare_module)
         if router.model is not model:  # routing needs it; arm its providers too
             self.attach(model, self._loss_fn if router.model is None else None)
         report = check_model(self.quantities, model, router, self._math_attention)

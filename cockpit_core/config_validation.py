@@ -14,6 +14,7 @@ from typing import Any
 
 from cockpit_core.config_quantities import resolve_quantities
 from cockpit_core.config_settings import CockpitSettings
+from cockpit_core.diagnosis_build import build_diagnoses
 from cockpit_core.errors import ConfigError, DuplicateNameError, UnknownNameError
 from cockpit_core.quantity import Quantity, validate_config
 from cockpit_core.registry import Registry
@@ -157,11 +158,9 @@ def _diagnosis_errors(entries: list[Any], registry: Registry) -> list[tuple[str,
     """The problems of the ``diagnoses`` entries: unknown names and invalid options.
 
     Each entry is built as ``Cockpit(diagnoses=...)`` and ``cockpit diagnose --config``
-    build it (:func:`cockpit_core.diagnose.build_diagnoses`), one at a time so that every
-    problem is reported.
+    build it (:func:`cockpit_core.diagnosis_build.build_diagnoses`), one at a time so that
+    every problem is reported.
     """
-    from cockpit_core.diagnose import build_diagnoses
-
     errors: list[tuple[str, str]] = []
     for i, entry in enumerate(entries):
         try:

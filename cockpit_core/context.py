@@ -9,7 +9,7 @@ from torch import Tensor
 
 from cockpit_core.cache import Cache, QuantityCache
 from cockpit_core.errors import MisuseError, UnsupportedModelError
-from cockpit_core.requirements import Statistic
+from cockpit_core.statistics.statistic import Statistic
 from cockpit_core.step_data import StepData
 
 

@@ -31,7 +31,7 @@ from cockpit_core.cockpit import Cockpit
 from cockpit_core.config_quantities import resolve_quantities
 from cockpit_core.errors import ConfigError
 from cockpit_core.registry import default_registry
-from cockpit_core.testing.problems import extend
+from cockpit_core.testing.problems import prepared
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,8 +200,8 @@ def run_demo(
     per_epoch = len(x) // batch_size  # full mini-batches per pass over the training split
     # module hooks compute the first-order statistics; BackPACK (when installed) the
     # curvature diagonals of the business and full presets, which need extended modules
-    model = extend(build_model())
-    loss_fn = extend(torch.nn.CrossEntropyLoss())
+    model = prepared(build_model())
+    loss_fn = prepared(torch.nn.CrossEntropyLoss())
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     cp = Cockpit(model, quantities, log=run / "log.jsonl", diagnoses=diagnoses)
     gen = torch.Generator().manual_seed(seed)

@@ -11,19 +11,19 @@ The list of diagnoses comes from
 ``--set NAME.OPTION=VALUE`` (repeatable) then sets an option of every entry of ``NAME`` in
 that list (a later ``--set`` of the same option wins); ``NAME`` must be in the list. Each
 diagnosis validates its options with its pydantic ``Config`` when it is built
-(:func:`cockpit_core.diagnose.build_diagnoses`). See ``docs/diagnoses.md``.
+(:func:`cockpit_core.diagnosis_build.build_diagnoses`). See ``docs/diagnoses.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cockpit_core.config import load_config_file, validate_config_data
 from cockpit_core.config_limits import LimitError, loads_json
+from cockpit_core.diagnosis import UnknownDiagnosisError
 from cockpit_core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from cockpit_core.registry import Registry
+from cockpit_core.registry import Registry
 
 Spec = str | Mapping[str, Any]
 """A diagnosis as a config names it: its name, or ``{"name": ..., **options}``."""
@@ -77,8 +77,6 @@ def config_diagnoses(path: str, registry: Registry) -> list[Spec]:
         ConfigError: The file cannot be read or is invalid, or it lists no diagnoses.
 
     """
-    from cockpit_core.config import load_config_file, validate_config_data
-
     data = load_config_file(path)
     specs = validate_config_data(data, registry, path).settings.diagnoses
     if not specs:
@@ -124,8 +122,6 @@ def select_only(
         return specs
     if specs is None:
         return list(only)
-    from cockpit_core.diagnosis import UnknownDiagnosisError
-
     listed = [spec_name(s) for s in specs]
     missing = [name for name in only if name not in listed]
     for name in missing:

@@ -61,7 +61,8 @@ from cockpit_core.distributed_gradient import (
 )
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.planner import Outcome, Task
-from cockpit_core.requirements import MergedRequirements, Statistic
+from cockpit_core.requirements import MergedRequirements
+from cockpit_core.statistics.statistic import Statistic
 
 Stats = dict[tuple[str, str], list[Any]]
 

@@ -11,13 +11,9 @@ from cockpit_core.compiled import EagerStance
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.observe import ForwardObserver, observed_keys
 from cockpit_core.quantity import Quantity
-from cockpit_core.requirements import (
-    MergedRequirements,
-    Requirements,
-    Statistic,
-    merge_requirements,
-)
+from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
 from cockpit_core.statistics.router import StatisticsRouter
+from cockpit_core.statistics.statistic import Statistic
 
 
 @dataclass(frozen=True)

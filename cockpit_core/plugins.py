@@ -22,7 +22,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,22 @@ from cockpit_core import hookspecs
 PLUGINS_DIR_VARIABLE = "COCKPIT_PLUGINS_DIR"
 """Environment variable: folders (``os.pathsep``-separated) whose ``*.py`` files are plugins."""
 
+CORE_DISTRIBUTION = "cockpit-core"
+"""The core's distribution name (its version: :func:`core_version`)."""
+
 LOCAL_DISTRIBUTION = "<local>"
 """``PluginInfo.version`` of a local plugin; its ``distribution`` is the file's path."""
+
+
+def core_version() -> str:
+    """The installed cockpit-core's version (``cockpit_core.__version__``).
+
+    ``"0+unknown"`` when the core runs from a source tree that is not installed.
+    """
+    try:
+        return version(CORE_DISTRIBUTION)
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0+unknown"
 
 
 @dataclass

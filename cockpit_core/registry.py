@@ -10,13 +10,17 @@ import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    import torch
 
 from cockpit_core import plugins as _plugins
 from cockpit_core.diagnosis import check_diagnosis_class
 from cockpit_core.errors import (
+    CockpitWarning,
     DuplicateNameError,
     UnknownPresetError,
     UnknownQuantityError,
@@ -95,7 +99,9 @@ class Registry:
         if self.builtin:  # the core's own plugin: the torch.func provider
             from cockpit_core.statistics import builtin
 
-            self.add_plugin(builtin, name="core", distribution="cockpit-core", version=_version())
+            self.add_plugin(
+                builtin, name="core", distribution="cockpit-core", version=_plugins.core_version()
+            )
 
     @classmethod
     def from_entry_points(cls, group: str = _plugins.hookspecs.PROJECT_NAME) -> Registry:
@@ -276,6 +282,28 @@ class Registry:
             found.update({f"{prefix}:{n}": err for n, err in table.clashes().items()})
         return found
 
+    def prepare_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` after every installed provider's :meth:`StatisticProvider.prepare`.
+
+        For modules cockpit builds for a run itself (``cockpit check``'s loss module, the
+        testing kit's problems); a user's model is prepared by the user (e.g.
+        ``cockpit_backpack.extend``) or needs nothing (module hooks, ``torch.func``). A
+        provider whose ``prepare`` raises is skipped with a :class:`CockpitWarning` naming
+        it; the others still prepare the module.
+        """
+        for entry in self.providers.values():
+            try:
+                module = entry.cls.prepare(module)
+            except Exception as err:  # a plugin's failure must not stop the others
+                warnings.warn(
+                    f"statistics provider {entry.name!r} ({entry.distribution}) could not "
+                    f"prepare {type(module).__name__}: {type(err).__name__}: {err}. Its "
+                    "statistics of this module may be missing.",
+                    CockpitWarning,
+                    stacklevel=2,
+                )
+        return module
+
     def _call(self, plugin_name: str, hook: str, **kwargs: Any) -> None:
         """Call one plugin's implementation of ``hook`` through pluggy (so tracing sees it)."""
         pm = self.plugin_manager
@@ -373,12 +401,6 @@ def _hashable_copy(plugin: Any) -> Any:
     for key, value in vars(plugin).items():
         setattr(copy, key, value)
     return copy
-
-
-def _version() -> str:
-    from cockpit_core import __version__
-
-    return __version__
 
 
 _DEFAULT: Registry | None = None

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cockpit_core.errors import CockpitError
+from cockpit_core.plugins import core_version
 
 TEMPLATES = Path(__file__).parent / "scaffold_templates"
 """Folder of the template files."""
@@ -132,11 +133,8 @@ def template_values(
 
 def core_requirement() -> str:
     """``>=MAJOR.MINOR,<NEXT_MAJOR`` of the running cockpit-core (``>=0.2,<1`` for 0.2.0)."""
-    try:
-        version = metadata.version("cockpit-core")
-    except metadata.PackageNotFoundError:  # a source tree that is not installed
-        from cockpit_core import __version__ as version
-    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    numbers = [int(part) for part in re.findall(r"\d+", core_version())[:2]]
+    major, minor = (numbers + [0, 0])[:2]  # "0+unknown" from an uninstalled source tree
     return f">={major}.{minor},<{major + 1}"
 
 

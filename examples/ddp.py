@@ -22,8 +22,9 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, extend
+from cockpit_core import Cockpit
 
 STEPS, GLOBAL_BATCH, WORLD = 10, 64, 2
 QUANTITIES = [

@@ -16,9 +16,11 @@ computed here: each quantity class translates its options onto a native quantity
 differences in values.
 """
 
-from cockpit_core import __version__
 from cockpit_core.compat import quantities, utils
 from cockpit_core.compat.cockpit import Cockpit
 from cockpit_core.compat.plotter import CockpitPlotter
+from cockpit_core.plugins import core_version
+
+__version__ = core_version()
 
 __all__ = ["Cockpit", "CockpitPlotter", "__version__", "quantities", "utils"]

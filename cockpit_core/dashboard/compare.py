@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cockpit_core.dashboard.overlay import draw_overlay
+from cockpit_core.dashboard.panel_draw import draw_safely
 from cockpit_core.dashboard.planning import Panel, Plan, plan
+from cockpit_core.dashboard.runs import PanelKey, Run
 from cockpit_core.instrument import TOPICS, Instrument
 from cockpit_core.log import LogData
 from cockpit_core.metrics import METRICS_KEY
@@ -43,22 +44,10 @@ RUN_COLORS: tuple[str, ...] = (
     "#5b5b6b",
 )
 """Colour of the k-th run (cycled); red is left out: it marks NaN/inf values."""
-PanelKey = tuple[str, str]
-"""``(instrument name, panel title)``: the same panel in different runs."""
-
-
-@dataclass
-class Run:
-    """One run of a comparison: its data, label, colour and panels by :data:`PanelKey`."""
-
-    data: LogData
-    label: str
-    color: str
-    panels: dict[PanelKey, Panel] = field(default_factory=dict)
 
 
 def key(panel: Panel) -> PanelKey:
-    """The :data:`PanelKey` of ``panel``."""
+    """The :data:`~cockpit_core.dashboard.runs.PanelKey` of ``panel``."""
     return panel.instrument.name, panel.title
 
 
@@ -130,7 +119,7 @@ def run_labels(
 
 
 def merge(plans: Sequence[Plan]) -> tuple[Plan, list[dict[PanelKey, Panel]]]:
-    """The union of the runs' plans, and each run's panels by :data:`PanelKey`.
+    """The union of the runs' plans, and each run's panels by their :func:`key`.
 
     A panel is shown when at least one run has it; an instrument is listed as skipped,
     unavailable or without panel only when no run draws it.
@@ -214,8 +203,6 @@ def draw_panel(fig: Any, cell: Any, panel: Panel, runs: Sequence[Run]) -> Any:
 
 def draw_side_by_side(fig: Any, cell: Any, panel: Panel, runs: Sequence[Run]) -> Any:
     """One small panel per run in ``cell``, each titled with the run's label in its colour."""
-    from cockpit_core.dashboard.layout import draw_safely
-
     host = fig.add_subplot(cell)
     host.set_axis_off()
     host.set_title(panel.title, fontsize=9.5, fontweight="bold", loc="left")

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from cockpit_core.atomic_file import atomic_write
+from cockpit_core.dashboard import compare
+from cockpit_core.dashboard.panel_draw import draw_safely
 from cockpit_core.dashboard.planning import (
     Panel,
     _default_instruments,
     _note,
     _registry,
     load,
-    panel_output,
     plan,
 )
 from cockpit_core.dashboard.style import EXTRA_COLORS, TOPIC_COLORS, message
@@ -136,8 +137,6 @@ def render(
 
         summary = _summary(data, sorted(data.output))
     else:
-        from cockpit_core.dashboard import compare
-
         runs, plan_, data = compare.prepare(datas, sources, insts, labels)
         summary = compare.summary(runs)
 
@@ -349,34 +348,6 @@ def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:
     _title(ax, panel)
     draw_safely(fig, ax, panel, data, lambda a: _title(a, panel))
     return ax
-
-
-def draw_safely(
-    fig: Any, ax: Any, panel: Panel, data: LogData, title: Callable[[Any], None]
-) -> None:
-    """Draw ``panel`` of ``data`` on ``ax``; a failure is shown in the panel and warned about.
-
-    ``title(ax)`` sets the title again after a failure cleared the axes.
-    """
-    before = set(fig.axes)
-    try:
-        panel.instrument.draw(ax, panel_output(data, panel), data.header)
-    except (KeyboardInterrupt, GeneratorExit):
-        raise
-    except BaseException as err:  # a broken instrument (even SystemExit) must not break it
-        for extra in list(fig.axes):
-            if extra not in before:
-                fig.delaxes(extra)
-        for child in list(ax.child_axes):
-            child.remove()
-        ax.clear()
-        title(ax)
-        message(ax, f"could not draw this panel:\n{type(err).__name__}: {err}"[:200])
-        warnings.warn(
-            f"cockpit dashboard: instrument '{panel.instrument.name}' failed: "
-            f"{type(err).__name__}: {err}",
-            stacklevel=5,
-        )
 
 
 def _check_path(path: str | os.PathLike | None) -> str | None:

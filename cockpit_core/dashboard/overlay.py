@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from cockpit_core.dashboard.planning import Panel, panel_output
-
-if TYPE_CHECKING:
-    from cockpit_core.dashboard.compare import Run
+from cockpit_core.dashboard.runs import Run
 
 FAINT_ALPHA = 0.3
 """Opacity of a run's grey (raw, per-step) artists once re-coloured."""

@@ -27,23 +27,58 @@ import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
+from cockpit_core.cockpit import Cockpit
 from cockpit_core.errors import MisuseError
 from cockpit_core.integrations._parameters import batch_size_of
 from cockpit_core.integrations._per_sample import (
     LossMatcher,
+    LossSpec,
     losses_needed,
     missing_losses_message,
     scaled,
 )
 
-if TYPE_CHECKING:
-    from cockpit_core.integrations.huggingface import CockpitCallback
-
 _WRAPPED = ("get_batch_samples", "training_step", "compute_loss", "train")
+
+
+class HostedCallback(Protocol):
+    """What :class:`TrainerHost` needs of the callback it serves.
+
+    :class:`cockpit_core.integrations.huggingface.CockpitCallback` is one: it builds the
+    host with itself (``TrainerHost(trainer, self)``), so the host never imports it.
+    """
+
+    @property
+    def cockpit(self) -> Cockpit | None:
+        """The Cockpit to feed (``None`` until training begins)."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether the Cockpit was closed."""
+        ...
+
+    @property
+    def loss_fn(self) -> LossSpec:
+        """The per-sample loss (a name of :mod:`cockpit_core.losses`, a callable, ``None``)."""
+        ...
+
+    @property
+    def cockpit_info(self) -> Callable[[Any, Any], Mapping[str, Any] | None] | None:
+        """``fn(inputs, outputs) -> dict`` of more ``info`` per micro-batch, or ``None``."""
+        ...
+
+    def resuming(self, checkpoint: str | bool | None) -> None:
+        """``trainer.train(resume_from_checkpoint=checkpoint)`` begins."""
+        ...
+
+    def abort(self, err: BaseException) -> None:
+        """Training stopped with ``err``: leave the open step and close the Cockpit."""
+        ...
 
 
 @dataclass
@@ -77,15 +112,15 @@ class MicroBatch:
 
 
 class TrainerHost:
-    """Feeds the Cockpit of a :class:`CockpitCallback` from one Trainer.
+    """Feeds the Cockpit of a :class:`HostedCallback` (the ``CockpitCallback``) from one Trainer.
 
     Args:
         trainer: The ``transformers.Trainer`` (any subclass).
-        callback: The callback owning the Cockpit.
+        callback: The callback owning the Cockpit, one of ``trainer``'s callbacks.
 
     """
 
-    def __init__(self, trainer: Any, callback: CockpitCallback):
+    def __init__(self, trainer: Any, callback: HostedCallback):
         self.trainer, self.callback = trainer, callback
         self.sizes: list[int | None] | None = None  # micro-batches of this optimizer step
         self.index = 0

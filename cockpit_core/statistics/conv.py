@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cockpit_core.statistics import per_sample
-from cockpit_core.statistics.per_sample import DenseGrads, PerSampleGrads, reduction_dtype
 
 _EINSUM = {1: ("nol,ncli->noci", "nol,ncli->oci"), 2: ("nohw,nchwij->nocij", "nohw,nchwij->ocij")}
 _CURVATURE_EINSUM = {1: "nml,ncli->nmci", 2: "nmhw,nchwij->nmcij"}
@@ -59,7 +58,7 @@ class ConvWeightFactors:
     """
 
     def __init__(self, module: torch.nn.Module, inputs: Tensor, grad_outputs: Tensor):
-        dtype = reduction_dtype(inputs, grad_outputs)
+        dtype = per_sample.reduction_dtype(inputs, grad_outputs)
         self.inputs = _padded(module, inputs.to(dtype))
         self.grad_outputs = grad_outputs.to(dtype)
         self.scale = 1.0
@@ -189,7 +188,7 @@ def conv_weight_diagonal(module: torch.nn.Module, inputs: Tensor, factor: Tensor
     return out.view(v, c_out, *module.weight.shape[1:]).sum(0)
 
 
-class ConvGrads(PerSampleGrads):
+class ConvGrads(per_sample.PerSampleGrads):
     """A convolution's weight, ``g_n = D_n U_n^T``, formed only on demand.
 
     Args:
@@ -202,7 +201,7 @@ class ConvGrads(PerSampleGrads):
 
     def __init__(self, factors: Any):
         self.factors = factors
-        self._grads: DenseGrads | None = None
+        self._grads: per_sample.DenseGrads | None = None
         self._blocks: list[Tensor] | None = None
         self._batch = int(factors.grad_outputs.shape[0])
 
@@ -210,11 +209,11 @@ class ConvGrads(PerSampleGrads):
     def batch_size(self) -> int:  # noqa: D102
         return self._batch
 
-    def _materialized(self) -> DenseGrads:
+    def _materialized(self) -> per_sample.DenseGrads:
         if self._grads is None:
             kept, self._blocks = self._blocks, None
             whole = torch.cat(kept) if kept else self.factors.materialize()
-            self._grads = DenseGrads(whole)
+            self._grads = per_sample.DenseGrads(whole)
             self.factors = None  # not needed any more: frees the scaled output gradient
         return self._grads
 
@@ -263,5 +262,5 @@ class ConvGrads(PerSampleGrads):
         if self._grads is not None:
             return self._grads.dot(vectors)
         if self._blocks is not None:
-            return torch.cat([DenseGrads(block).dot(vectors) for block in self._blocks])
+            return torch.cat([per_sample.DenseGrads(block).dot(vectors) for block in self._blocks])
         return self.factors.dot(vectors, per_sample.BLOCK_BYTES)

@@ -57,7 +57,6 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from cockpit_core.attention import math_attention
 from cockpit_core.errors import MissingInfoError, MisuseError
-from cockpit_core.requirements import Statistic
 from cockpit_core.statistics import mean_check
 from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.per_sample import DenseGrads
@@ -70,6 +69,7 @@ from cockpit_core.statistics.replay import (
     ReplayMode,
     generators_kept,
 )
+from cockpit_core.statistics.statistic import Statistic
 
 _CHUNKED = frozenset({"batch_l2", "sum_grad_squared"})
 """Kinds reduced chunk by chunk (the others need every sample of a parameter at once)."""

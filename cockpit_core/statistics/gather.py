@@ -24,19 +24,81 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import torch
 
 from cockpit_core.errors import CockpitWarning
-from cockpit_core.requirements import Statistic
 from cockpit_core.statistics import mean_check
 from cockpit_core.statistics.messages import MODEL_HINT, name_list
-from cockpit_core.statistics.provider import Collection, StatisticProvider
-
-if TYPE_CHECKING:
-    from cockpit_core.statistics.router import StatisticsRouter
+from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
+from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
 Results = dict[Identity, list[Any]]
+
+
+class Router(Protocol):
+    """What a :class:`StepCollection` reads of its router, and the check it leaves there.
+
+    :class:`~cockpit_core.statistics.router.StatisticsRouter` satisfies it; the router builds
+    on this module (it starts every step's collection), so this module names only the
+    members it uses.
+    """
+
+    checked: tuple[int, float, float] | None
+    """``(index, ratio, residual)`` of the last per-sample-mean check, or ``None``."""
+
+    @property
+    def params(self) -> Sequence[torch.nn.Parameter]:
+        """The tracked parameters."""
+        ...
+
+    @property
+    def names(self) -> Sequence[str]:
+        """Their names."""
+        ...
+
+    @property
+    def slots(self) -> Sequence[ParamSlot]:
+        """Each parameter's slot (name, module, attribute)."""
+        ...
+
+    @property
+    def providers(self) -> Mapping[str, StatisticProvider]:
+        """Every installed provider, by name."""
+        ...
+
+    @property
+    def order(self) -> Sequence[str]:
+        """The names of the providers that serve statistics, in the order they are tried."""
+        ...
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The attached model, if any."""
+        ...
+
+    @property
+    def warned(self) -> set[str]:
+        """Providers whose use as a fallback was warned about (added to here)."""
+        ...
+
+    def plan(
+        self, statistics: Sequence[Statistic]
+    ) -> tuple[dict[str, dict[Identity, frozenset[int]]], dict[Identity, list[int]]]:
+        """``(served, unrouted)``: which provider serves which parameters of each statistic."""
+        ...
+
+    def require_model(
+        self, stats: Sequence[Statistic], unrouted: dict[Identity, list[int]]
+    ) -> None:
+        """Raise if a statistic is unrouted only for lack of a model."""
+        ...
+
+    def unrouted_message(self, stat: Statistic, indices: list[int]) -> str:
+        """Why no provider serves ``stat`` for the parameters ``indices``."""
+        ...
 
 
 class StepCollection:
@@ -44,7 +106,7 @@ class StepCollection:
 
     def __init__(
         self,
-        router: StatisticsRouter,
+        router: Router,
         stats: Sequence[Statistic],
         batch_size: int,
         info: Mapping[str, Any],

@@ -30,18 +30,52 @@ the ``register_statistic_kinds`` hook (``docs/providers.md``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from cockpit_core.requirements import Statistic
     from cockpit_core.statistics.per_sample import PerSampleGrads
 
 COMBINE_RULES = frozenset({"sum", "mean", "gather", "project", "declared", None})
 """Valid values of :attr:`StatisticKind.combine`."""
 
-FromPerSample = Callable[["PerSampleGrads", "Statistic", "Tensor"], Any]
+
+class RequestedStatistic(Protocol):
+    """The statistic a kind's ``from_per_sample`` computes, as the kind reads it.
+
+    :class:`~cockpit_core.statistics.statistic.Statistic` satisfies it; a statistic is built
+    on its kind (:mod:`cockpit_core.statistics.statistic` imports this module), so kinds
+    name only what they read of one.
+    """
+
+    @property
+    def kind(self) -> str:
+        """The statistic's kind."""
+        ...
+
+    @property
+    def key(self) -> str:
+        """Distinguishes statistics of the same kind."""
+        ...
+
+    @property
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        """Hyperparameters as sorted ``(name, value)`` pairs."""
+        ...
+
+    @property
+    def fn(self) -> Callable[[Tensor, Tensor], Any] | None:
+        """The function of a ``transform`` statistic."""
+        ...
+
+    @property
+    def factored_fn(self) -> Callable[[PerSampleGrads, Tensor], Any] | None:
+        """The fast path of a ``transform`` for factored per-sample gradients."""
+        ...
+
+
+FromPerSample = Callable[["PerSampleGrads", RequestedStatistic, "Tensor"], Any]
 """``fn(per_sample_grads, statistic, param) -> value`` of a per-sample kind."""
 
 SampleShape = Callable[["Tensor"], tuple[int, ...]]
@@ -134,7 +168,7 @@ def _rebuild(name: str, declarations: dict[str, Any]) -> StatisticKind:
 # -- the built-in kinds ---------------------------------------------------------------------
 
 
-def _transform(grads: PerSampleGrads, stat: Statistic, param: Tensor) -> Any:
+def _transform(grads: PerSampleGrads, stat: RequestedStatistic, param: Tensor) -> Any:
     if stat.factored_fn is not None and grads.factored:
         value = stat.factored_fn(grads, param)
         if value is not NotImplemented:

@@ -32,7 +32,7 @@ the materialized tensor, a block of samples at a time (:meth:`PerSampleGrads.blo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -358,28 +358,9 @@ MaterializedGrads = DenseGrads
 FactoredLinearGrads = OuterProductGrads
 
 
-def __getattr__(name: str) -> Any:
-    """``ConvGrads`` and ``EmbeddingGrads``, imported on first use (PEP 562).
-
-    They live next to their math (``conv.py``, ``embedding.py``), which builds on this
-    module, so any of the three modules can be imported first.
-    """
-    if name == "ConvGrads":
-        from cockpit_core.statistics.conv import ConvGrads
-
-        return ConvGrads
-    if name == "EmbeddingGrads":
-        from cockpit_core.statistics.embedding import EmbeddingGrads
-
-        return EmbeddingGrads
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "BLOCK_BYTES",
-    "ConvGrads",  # noqa: F822 - module __getattr__
     "DenseGrads",
-    "EmbeddingGrads",  # noqa: F822 - module __getattr__
     "FactoredLinearGrads",
     "MaterializedGrads",
     "OuterProductGrads",

@@ -38,10 +38,10 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel
 
-from cockpit_core.requirements import Statistic
 from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.per_sample import PerSampleGrads
 from cockpit_core.statistics.reduce import reduce_per_sample
+from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
 
@@ -242,6 +242,19 @@ class StatisticProvider:
     def attach(self, model: torch.nn.Module, loss_fn: Any = None) -> None:
         """The model (and, if given, a per-sample loss ``loss_fn(outputs, targets)``)."""
         self.model, self.loss_fn = model, loss_fn
+
+    @classmethod
+    def prepare(cls, module: torch.nn.Module) -> torch.nn.Module:
+        """Make ``module`` observable by this provider before it is first run (default: as is).
+
+        Called on every installed provider (:meth:`Registry.prepare_module
+        <cockpit_core.registry.Registry.prepare_module>`) where cockpit builds modules for a
+        run itself: the loss module of ``cockpit check``'s sample batch and the tiny
+        problems of the plugin authors' kit (:mod:`cockpit_core.testing.problems`).
+        BackPACK's provider extends the module there. Return a module computing the same
+        function (usually ``module`` itself); raise nothing for modules it does not know.
+        """
+        return module
 
     def delivers(self, kind: StatisticKind) -> bool:
         """Whether the provider computes ``kind`` at all (for some parameter of some model)."""

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from cockpit_core.errors import CockpitWarning, ConfigError, MisuseError
-from cockpit_core.requirements import MergedRequirements, Statistic
+from cockpit_core.requirements import MergedRequirements
 from cockpit_core.statistics.gather import StepCollection
 from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.messages import MODEL_HINT, name_list
 from cockpit_core.statistics.provider import ParamSlot, StatisticProvider
+from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
 Results = dict[Identity, list[Any]]

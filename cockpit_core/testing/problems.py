@@ -8,19 +8,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from cockpit_core.registry import default_registry
 
-def extend(module: torch.nn.Module) -> torch.nn.Module:
-    """Prepare ``module`` for BackPACK if cockpit-backpack is installed, else return it as is.
+
+def prepared(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` readied for every installed statistics provider (BackPACK extends it).
 
     Without a known model (``Cockpit(model.named_parameters(), ...)``) cockpit computes
     per-sample statistics with BackPACK, and curvature diagonals always need it; modules
-    extended here work with it, and with every other provider once the model is known.
+    prepared here work with it, and with every other provider once the model is known
+    (:meth:`Registry.prepare_module <cockpit_core.registry.Registry.prepare_module>`).
     """
-    try:
-        from cockpit_backpack import extend as backpack_extend
-    except ImportError:
-        return module
-    return backpack_extend(module)
+    return default_registry().prepare_module(module)
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Problem:
     def loss_module(self) -> torch.nn.Module:
         """The mean-reduced loss module (extended for BackPACK when it is installed)."""
         mod = torch.nn.CrossEntropyLoss() if self.loss == "cross_entropy" else torch.nn.MSELoss()
-        return extend(mod)
+        return prepared(mod)
 
     def individual_losses(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-sample losses ``l_n`` (the mini-batch loss is their mean)."""
@@ -79,7 +78,7 @@ def tiny_mlp(batch_size: int = 8, seed: int = 0, loss: str = "cross_entropy") ->
             torch.nn.ReLU(),
             torch.nn.Linear(4, 3),
         )
-        return extend(model.double())
+        return prepared(model.double())
 
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(64, 6, generator=gen, dtype=torch.float64)
@@ -102,7 +101,7 @@ def tiny_cnn(batch_size: int = 6, seed: int = 0) -> Problem:
             torch.nn.Flatten(),
             torch.nn.Linear(8, 3),
         )
-        return extend(model.double())
+        return prepared(model.double())
 
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(48, 1, 6, 6, generator=gen, dtype=torch.float64)

@@ -22,13 +22,13 @@ from cockpit_core.requirements import (
     DIAG_HESSIAN,
     GRAD_BATCH,
     SUM_GRAD_SQUARED,
-    Statistic,
     diag_ggn_mc,
     per_sample_projection,
     per_sample_transform,
 )
 from cockpit_core.statistics.kinds import BUILTIN_KINDS, StatisticKind
 from cockpit_core.statistics.provider import StatisticProvider
+from cockpit_core.statistics.statistic import Statistic
 from cockpit_core.testing.conformance import ConformanceError
 from cockpit_core.testing.provider_reference import cubes, directions, dots, dots_factored
 

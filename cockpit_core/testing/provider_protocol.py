@@ -18,7 +18,7 @@ from cockpit_core.registry import Registry, check_provider_class
 from cockpit_core.requirements import BATCH_L2
 from cockpit_core.statistics.provider import StatisticProvider
 from cockpit_core.testing.conformance import ConformanceError
-from cockpit_core.testing.problems import Problem, extend
+from cockpit_core.testing.problems import Problem, prepared
 from cockpit_core.testing.provider_checks import (
     _PER_SAMPLE_HINT,
     FAILING,
@@ -65,7 +65,7 @@ class _WithSpare(torch.nn.Module):
     def __init__(self, net: torch.nn.Module):
         super().__init__()
         self.net = net
-        self.spare = extend(torch.nn.Linear(2, 2).double())
+        self.spare = prepared(torch.nn.Linear(2, 2).double())
 
     def forward(self, x: Any) -> Tensor:  # noqa: D102
         return self.net(x)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cockpit_core.requirements import Statistic
 from cockpit_core.statistics.per_sample import DenseGrads, PerSampleGrads
+from cockpit_core.statistics.statistic import Statistic
 
 
 def directions(grad: Tensor, param: Tensor) -> Tensor:

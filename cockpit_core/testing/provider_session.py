@@ -19,10 +19,11 @@ from cockpit_core.context import StepContext
 from cockpit_core.errors import UnsupportedModelError
 from cockpit_core.quantity import Quantity
 from cockpit_core.registry import ProviderEntry, Registry
-from cockpit_core.requirements import Requirements, Statistic
+from cockpit_core.requirements import Requirements
 from cockpit_core.schedules import ExplicitSteps
 from cockpit_core.statistics.provider import StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
+from cockpit_core.statistics.statistic import Statistic
 from cockpit_core.testing.conformance import ConformanceError
 from cockpit_core.testing.problems import Problem
 from cockpit_core.testing.provider_checks import ProviderReport, _Check

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core.testing.problems import Problem, extend
+from cockpit_core.testing.problems import Problem, prepared
 
 
 class TinyTransformer(torch.nn.Module):
@@ -71,8 +71,8 @@ def tiny_transformer(
         torch.manual_seed(seed)
         model = TinyTransformer(**sizes).double()
         if extended:  # not the embedding: BackPACK's Embedding derivative fails in float64
-            extend(model.encoder)
-            extend(model.head)
+            prepared(model.encoder)
+            prepared(model.head)
         return model
 
     gen = torch.Generator().manual_seed(seed + 1)

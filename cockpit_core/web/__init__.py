@@ -5,10 +5,11 @@ them while the logs grow; ``cockpit plot RUN... -o dash.html`` (:func:`write_pag
 the same page as one self-contained file. Both only read the logs. Modules: ``follow``
 (one log read incrementally, in bounded memory), ``reduce`` (a scalar series in at most N
 points), ``arrays`` (its per-parameter values, histograms and stability thresholds,
-bounded), ``panels`` (which series goes into which panel),
-``extra_panels`` (per-parameter lines, the gradient histogram heat map, the threshold),
-``feed`` (several runs and the page's data), ``findings`` (the diagnoses' findings: a list
-above the panels, shaded steps on them), ``page`` (the HTML), ``server`` (HTTP).
+bounded), ``panel`` (which series goes into which panel), ``panels`` (the panels' plotly
+figures), ``extra_panels`` (per-parameter lines, the gradient histogram heat map, the
+threshold), ``feed`` (several runs and the page's data), ``findings`` (the diagnoses'
+findings: a list above the panels, shaded steps on them), ``page`` (the HTML), ``server``
+(HTTP).
 See ``docs/dashboard.md`` (Web view) and ``docs/diagnoses.md``. Needs the ``plotly`` package.
 """
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 from cockpit_core.web.feed import Feed, RunNotFoundError, find_logs
 from cockpit_core.web.follow import LogFollower
 from cockpit_core.web.page import render_page, write_page
-from cockpit_core.web.panels import PANELS, TOPICS, WebPanel, assign, figures
+from cockpit_core.web.panel import PANELS, TOPICS, WebPanel, assign
+from cockpit_core.web.panels import figures
 from cockpit_core.web.server import WebServer, make_server, serve
 
 __all__ = [

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from cockpit_core.web.arrays import HISTOGRAM, SHARPNESS, ArrayStore
-from cockpit_core.web.panels import OTHER, WebPanel, assign, thin
+from cockpit_core.web.panel import OTHER, WebPanel, assign, thin
 
 TITLES = {
     "grad_norm": "Gradient norm",

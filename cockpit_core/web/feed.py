@@ -28,7 +28,8 @@ from cockpit_core.errors import CockpitError
 from cockpit_core.web import findings as web_findings
 from cockpit_core.web.arrays import HEATMAP_COLUMNS
 from cockpit_core.web.follow import LogFollower
-from cockpit_core.web.panels import TOPICS, figures
+from cockpit_core.web.panel import TOPICS
+from cockpit_core.web.panels import figures
 
 DIAGNOSE_SHARE = 0.1
 """Share of the time the diagnoses of a growing log may take (see the module's description)."""

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.diagnose import build_diagnoses, report_order, run_checks
+from cockpit_core.diagnose import report_order, run_checks
+from cockpit_core.diagnosis_build import build_diagnoses
 from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log import LogData, LogFormatError, read_run

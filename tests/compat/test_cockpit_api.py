@@ -140,9 +140,9 @@ def test_custom_extensions_leave_their_results_on_the_parameters(problem, monkey
     from cockpit_core.testing import problems
 
     # a 1.0.2 script extends with BackPACK's own extend, whose hooks stay on for good, so
-    # extensions work from the first step (docs/quickstart.md); cockpit_core.extend's hooks
+    # extensions work from the first step (docs/quickstart.md); cockpit_backpack.extend's hooks
     # would be off at this step unless some other live Cockpit happened to want them
-    monkeypatch.setattr(problems, "extend", backpack.extend)
+    monkeypatch.setattr(problems, "prepared", backpack.extend)
     model = problem.make_model()
     cp = Cockpit(model.parameters(), [quantities.GradNorm(EVERY)])
     x, y = problem.batch(0)

@@ -151,7 +151,7 @@ def legacy_script(logpath: str, savedir: str):
 
 def native_run():
     """The same run with the native API."""
-    from cockpit_core import extend
+    from cockpit_backpack import extend
 
     model = extend(make_model())
     loss_fn = extend(torch.nn.CrossEntropyLoss(reduction="mean"))

@@ -219,7 +219,7 @@ def test_an_mlp_is_ok_and_the_model_optimizer_and_rng_are_untouched():
 
 def test_backpack_curvature_runs_from_the_named_or_the_training_loss_module():
     pytest.importorskip("cockpit_backpack")
-    from cockpit_core import extend
+    from cockpit_backpack import extend
 
     model, x, y = _mlp()
     model = extend(model)

@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+from cockpit_backpack import extend
 
 from cockpit_core import (
     BATCH_DOT,
@@ -19,7 +20,6 @@ from cockpit_core import (
     Requirements,
     TwoStepQuantity,
     diag_ggn_mc,
-    extend,
     per_sample_transform,
 )
 from cockpit_core.testing import run_cockpit, tiny_cnn, tiny_mlp
@@ -252,7 +252,7 @@ def test_unextended_model_gives_a_clear_error_for_per_sample_statistics():
     cp = Cockpit(model.named_parameters(), [Stats()])
     x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
     loss = torch.nn.functional.cross_entropy(model(x), y)
-    with pytest.warns(CockpitWarning, match="cockpit_core.extend\\(model\\)"):
+    with pytest.warns(CockpitWarning, match="cockpit_backpack.extend\\(model\\)"):
         with cp(0, info={"loss": loss, "batch_size": 4}):
             loss.backward()
     assert "stats" not in cp.get_output().get(0, {})
@@ -359,7 +359,7 @@ def test_requirements_are_read_at_every_step():
 
 def test_extend_hides_the_full_backward_hook_note_and_nothing_else():
     problem = tiny_mlp()
-    model = problem.make_model()  # extended with cockpit_core.extend
+    model = problem.make_model()  # extended with cockpit_backpack.extend
     cp = Cockpit(model.named_parameters(), ["hess_max_ev"], on_error="raise")
     x, y = problem.batch(0)
     with warnings.catch_warnings(record=True) as caught:

@@ -8,7 +8,8 @@ from cockpit_core import (
     diag_ggn_mc,
     per_sample_transform,
 )
-from cockpit_core.requirements import Statistic, merge_requirements
+from cockpit_core.requirements import merge_requirements
+from cockpit_core.statistics.statistic import Statistic
 
 
 def test_shared_statistics_are_merged_once_with_all_owners():

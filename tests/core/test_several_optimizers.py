@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, CockpitWarning, extend
+from cockpit_core import Cockpit, CockpitWarning
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integrations"))
 from _common import (  # noqa: E402

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _problem import batch, make_model  # noqa: E402
 from _worker import serve  # noqa: E402
+from cockpit_backpack import extend  # noqa: E402
 
 from cockpit_core import (  # noqa: E402
     BATCH_L2,
@@ -27,7 +28,6 @@ from cockpit_core import (  # noqa: E402
     QuantityConfig,
     Requirements,
     StepContext,
-    extend,
 )
 
 STEPS = 4

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from cockpit_core import extend
+from cockpit_backpack import extend
 
 STEPS = 3
 GLOBAL_BATCH = 64

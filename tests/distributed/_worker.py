@@ -20,8 +20,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _problem import PROVIDERS, QUANTITIES, STEPS, batch, cockpit_params, make_model  # noqa: E402
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, extend  # noqa: E402
+from cockpit_core import Cockpit  # noqa: E402
 
 CONFIGS = [
     ("float64", (32, 32)),

@@ -11,9 +11,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _problem import PROVIDERS, QUANTITIES, STEPS, batch, cockpit_params, make_model  # noqa: E402
+from cockpit_backpack import extend
 from test_ddp import ATOL_SCALE, RTOL, assert_same, single_process  # noqa: E402
 
-from cockpit_core import Cockpit, MisuseError, extend  # noqa: E402
+from cockpit_core import Cockpit, MisuseError  # noqa: E402
 
 
 def accumulated(dtype: torch.dtype, micro: list[int], provider: str) -> dict:

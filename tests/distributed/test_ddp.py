@@ -15,8 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _problem import PROVIDERS, QUANTITIES, STEPS, batch, make_model  # noqa: E402
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, extend  # noqa: E402
+from cockpit_core import Cockpit  # noqa: E402
 
 HERE = Path(__file__).parent
 TIMEOUT = 240  # seconds for both processes together (they take ~10 s here)

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, Registry, extend, hookimpl
+from cockpit_core import Cockpit, Registry, hookimpl
 from cockpit_core.diagnosis import Diagnosis, Finding, Window
 
 # loss and gradient norm, two gradient tests (norm: SUM_GRAD_SQUARED, inner: projections)

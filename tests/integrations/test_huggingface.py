@@ -46,7 +46,9 @@ from _common import (  # noqa: E402
 
 transformers = import_framework("transformers")
 
-from cockpit_core import BATCH_L2, Cockpit, CockpitWarning, MisuseError, extend  # noqa: E402
+from cockpit_backpack import extend  # noqa: E402
+
+from cockpit_core import BATCH_L2, Cockpit, CockpitWarning, MisuseError  # noqa: E402
 from cockpit_core.integrations.huggingface import (  # noqa: E402
     LOGGER_NAME,
     CockpitCallback,

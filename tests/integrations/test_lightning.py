@@ -40,6 +40,7 @@ from _common import (  # noqa: E402
 
 pl = import_framework("lightning.pytorch")
 
+from cockpit_backpack import extend  # noqa: E402
 from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
 
 from cockpit_core import (  # noqa: E402
@@ -49,7 +50,6 @@ from cockpit_core import (  # noqa: E402
     MisuseError,
     Quantity,
     Requirements,
-    extend,
 )
 from cockpit_core.integrations.lightning import CockpitCallback  # noqa: E402
 

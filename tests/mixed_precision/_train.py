@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, extend
+from cockpit_core import Cockpit
 
 STEPS = 3
 BATCH = 16

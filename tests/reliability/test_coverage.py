@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from cockpit_backpack import extend
 
 from cockpit_core import (
     BATCH_L2,
@@ -16,7 +17,6 @@ from cockpit_core import (
     CockpitWarning,
     Quantity,
     Requirements,
-    extend,
 )
 from cockpit_core.cli import main
 
@@ -87,7 +87,7 @@ def test_check_says_why_backpack_cannot_serve_a_parameter():
         "No installed provider computes batch_l2 for parameter(s) '1.weight', '1.bias' "
         "(backpack: BackPACK BatchGrad does not support LayerNorm); parameter(s) "
         "'3.weight', '3.bias' (backpack: the module is not extended "
-        "(cockpit_core.extend(model)))."
+        "(cockpit_backpack.extend(model)))."
     )
 
 

@@ -7,8 +7,9 @@ import warnings
 
 import pytest
 import torch
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, CockpitWarning, extend
+from cockpit_core import Cockpit, CockpitWarning
 from cockpit_core.testing import tiny_mlp
 
 FIRST_ORDER = ["grad_norm", "norm_test", "inner_test", "ortho_test"]

@@ -5,8 +5,9 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from cockpit_backpack import extend
 
-from cockpit_core import Cockpit, extend
+from cockpit_core import Cockpit
 from cockpit_core.log import read_records
 
 STEPS = 10_000

@@ -161,7 +161,7 @@ def test_incremental_diagnoses_find_what_cockpit_diagnose_finds(tmp_path):
 def test_the_diagnoses_window_drops_the_steps_the_runner_drops():
     import random
 
-    from cockpit_core.diagnose import build_diagnoses
+    from cockpit_core.diagnosis_build import build_diagnoses
     from cockpit_core.diagnosis_runner import DiagnosisRunner
     from cockpit_core.web.follow import _Keeper
 

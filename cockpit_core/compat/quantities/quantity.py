@@ -11,21 +11,29 @@ and translates the native values back into Cockpit 1.0.2's output layout
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol
 
 from cockpit_core.errors import ConfigError
 from cockpit_core.quantity import Quantity as NativeQuantity
 from cockpit_core.registry import Registry, default_registry
 from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
 
-if TYPE_CHECKING:
-    from cockpit_core.compat.cockpit import Cockpit
-
 DROP = object()
 """Returned by :meth:`Quantity.to_legacy` for a native value Cockpit 1.0.2 would not store."""
 
 _SCHEDULE_MODELS = (EveryN, Logarithmic, ExplicitSteps)
+
+
+class OutputSource(Protocol):
+    """What a quantity is bound to: the Cockpit whose output it reads (:meth:`Quantity.bind`).
+
+    :class:`cockpit_core.compat.Cockpit` is one; the quantities need no more of it.
+    """
+
+    def get_output(self) -> Mapping[int, Mapping[str, Any]]:
+        """``{step: {key: value}}`` of every tracked quantity."""
+        ...
 
 
 class Quantity:
@@ -65,7 +73,7 @@ class Quantity:
             )
         self._track_schedule = track_schedule
         self._verbose = bool(verbose)
-        self._bound: tuple[weakref.ref[Cockpit], str] | None = None
+        self._bound: tuple[weakref.ref[OutputSource], str] | None = None
 
     # -- what the native engine gets --------------------------------------------------------
 
@@ -150,8 +158,15 @@ class Quantity:
             return {}
         return {s: v[key] for s, v in cockpit.get_output().items() if key in v}
 
-    def bind(self, cockpit: Cockpit, key: str) -> None:
-        """Remember the Cockpit and output key of this quantity (for :meth:`get_output`)."""
+    def bind(self, cockpit: OutputSource, key: str) -> None:
+        """Remember the Cockpit and output key of this quantity (for :meth:`get_output`).
+
+        Args:
+            cockpit: The :class:`cockpit_core.compat.Cockpit` the quantity was added to
+                (held by a weak reference).
+            key: The quantity's key in that Cockpit's output.
+
+        """
         self._bound = (weakref.ref(cockpit), key)
 
     @property

@@ -4,22 +4,19 @@ A provider receives ``options`` from its Cockpit (``StatisticProvider(params, na
 options)``; ``docs/providers.md``). The ``autodiff`` provider reads the keys of
 :class:`AutodiffOptions` there, falls back to its class's defaults, and validates both.
 Until the Cockpit itself forwards these keys, a Cockpit gets its own settings through a
-registry whose ``autodiff`` entry is a configured subclass (:func:`autodiff_registry`),
-never by changing :class:`~cockpit_autodiff.AutodiffProvider` for the whole process.
+registry whose ``autodiff`` entry is a configured subclass
+(:func:`~cockpit_autodiff.registry.autodiff_registry`), never by changing
+:class:`~cockpit_autodiff.AutodiffProvider` for the whole process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cockpit_core.errors import ConfigError
-from cockpit_core.registry import ProviderEntry, Registry
-
-if TYPE_CHECKING:  # pragma: no cover
-    from cockpit_autodiff.provider import AutodiffProvider
 
 DEFAULT_MAX_HVPS = 50_000
 """Largest number of tracked parameter entries whose exact Hessian diagonal is computed."""
@@ -88,37 +85,3 @@ def resolve_options(
                 for e in err.errors(include_url=False)
             ]
         ) from None
-
-
-def autodiff_registry(registry: Registry | None = None, **options: Any) -> Registry:
-    """A registry whose ``autodiff`` provider has ``options``, for ``Cockpit(registry=...)``.
-
-    Example::
-
-        from cockpit_autodiff import autodiff_registry
-
-        cp = Cockpit(model, ["hess_trace"], registry=autodiff_registry(max_hvps=200_000))
-
-    Args:
-        registry: The registry to change (default: a new one of the installed plugins).
-        options: Keys of :class:`AutodiffOptions`.
-
-    Returns:
-        ``registry`` with its ``autodiff`` entry replaced by a configured subclass
-        (:meth:`AutodiffProvider.configured`); other Cockpits are not affected.
-
-    Raises:
-        ConfigError: An unknown option or an invalid value.
-
-    """
-    from cockpit_autodiff.provider import AutodiffProvider
-
-    registry = registry if registry is not None else Registry.from_entry_points()
-    entry = registry.providers.get(AutodiffProvider.name)
-    base: type[AutodiffProvider] = AutodiffProvider if entry is None else entry.cls
-    registry.providers[AutodiffProvider.name] = ProviderEntry(
-        base.configured(**options),
-        "cockpit-autodiff" if entry is None else entry.distribution,
-        "0" if entry is None else entry.version,
-    )
-    return registry

@@ -23,7 +23,7 @@ kernel of ``scaled_dot_product_attention`` (the fused kernels have no double bac
 
 Cost control: the Hessian diagonal is refused (``supports()`` says why, naming the
 estimators) when the tracked parameters have more than ``max_hvps`` entries (default
-50 000); set the bound per Cockpit (:mod:`cockpit_autodiff.options`:
+50 000); set the bound per Cockpit (:mod:`cockpit_autodiff.registry`:
 ``Cockpit(..., registry=autodiff_registry(max_hvps=N))``), or use ``hess_trace`` with
 ``method="hutchinson"``, ``"hutchpp"`` or ``"xtrace"``. It never degrades silently to an
 estimate.
@@ -184,7 +184,7 @@ class AutodiffProvider(StatisticProvider):
     options (:class:`~cockpit_autodiff.options.AutodiffOptions`, the provider's
     ``options_model``); a Cockpit's ``provider_options={"autodiff": {...}}`` take
     precedence, and :meth:`configured` makes a subclass with other defaults (for one
-    registry, see :func:`~cockpit_autodiff.options.autodiff_registry`).
+    registry, see :func:`~cockpit_autodiff.registry.autodiff_registry`).
 
     Attributes:
         max_hvps: Largest number of tracked parameter entries (= Hessian-vector products

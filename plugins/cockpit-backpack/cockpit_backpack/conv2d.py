@@ -28,7 +28,7 @@ class UnfoldConv2d(BatchGradConv2d):
     """``BatchGrad`` for ``nn.Conv2d`` that keeps the input and output gradient (factors).
 
     ``weight.grad_batch`` becomes a :class:`ConvWeightFactors`; the provider wraps it in
-    :class:`~cockpit_core.statistics.per_sample.ConvGrads`.
+    :class:`~cockpit_core.statistics.conv.ConvGrads`.
     """
 
     def __init__(self) -> None:

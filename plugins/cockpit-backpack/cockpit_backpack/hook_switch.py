@@ -45,8 +45,8 @@ def extend(module: torch.nn.Module) -> torch.nn.Module:
 
     Call it on the model and on the loss function before training::
 
-        model = cockpit_core.extend(model)
-        loss_fn = cockpit_core.extend(torch.nn.CrossEntropyLoss())
+        model = cockpit_backpack.extend(model)
+        loss_fn = cockpit_backpack.extend(torch.nn.CrossEntropyLoss())
 
     Like BackPACK's ``extend`` it hooks every module that is not a container, but the
     Cockpit removes the hooks for forward passes whose backward it does not track, so

@@ -13,7 +13,7 @@ undoes the scaling (``g_n`` is the gradient of sample ``n``'s own loss).
 
 Linear and Conv2d weights are kept in factored form
 (:class:`~cockpit_core.statistics.per_sample.OuterProductGrads`,
-:class:`~cockpit_core.statistics.per_sample.ConvGrads`).
+:class:`~cockpit_core.statistics.conv.ConvGrads`).
 
 The user's own extensions, ``cp(step, DiagGGNExact(), KFAC(), info=...)`` as in Cockpit
 1.0.2, run in the same ``with backpack(...)`` and their results stay on the parameters
@@ -44,10 +44,10 @@ from cockpit_backpack.conv2d import DiagGGNConv2dFast, DiagHConv2dFast, UnfoldCo
 from cockpit_backpack.guarded import guarded
 from cockpit_backpack.requests import describe, merge
 from cockpit_core.errors import CockpitWarning
-from cockpit_core.requirements import Statistic
-from cockpit_core.statistics.conv import ConvWeightFactors
-from cockpit_core.statistics.per_sample import ConvGrads, DenseGrads, OuterProductGrads
+from cockpit_core.statistics.conv import ConvGrads, ConvWeightFactors
+from cockpit_core.statistics.per_sample import DenseGrads, OuterProductGrads
 from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
+from cockpit_core.statistics.statistic import Statistic
 
 # statistic kind -> (BackPACK extension, save field)
 CURVATURE = {
@@ -67,6 +67,11 @@ class BackpackProvider(StatisticProvider):
     observes_forward = True
     per_sample = True
     kinds = frozenset(CURVATURE)
+
+    @classmethod
+    def prepare(cls, module: torch.nn.Module) -> torch.nn.Module:
+        """BackPACK's ``extend`` (:func:`cockpit_backpack.extend`): its statistics start there."""
+        return hooks.extend(module)
 
     def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], options=None):
         super().__init__(params, names, options)
@@ -110,7 +115,7 @@ class BackpackProvider(StatisticProvider):
             if type(slot.module) not in supported:
                 return f"BackPACK BatchGrad does not support {type(slot.module).__name__}"
             if not getattr(slot.module, hooks.EXTENDED_FLAG, False):
-                return "the module is not extended (cockpit_core.extend(model))"
+                return "the module is not extended (cockpit_backpack.extend(model))"
             return None
         if slot.module is None or self.model is None:
             return None
@@ -303,7 +308,7 @@ class BackpackProvider(StatisticProvider):
                 f"cockpit: BackPACK left p.{ext.savefield} unset for parameter(s) {where} "
                 f"although {describe(ext)} was passed to cp(step, ...): BackPACK computes "
                 "nothing for modules that are not extended. Extend the model and the loss "
-                "function (cockpit_core.extend or backpack.extend) before the forward pass. "
+                "function (cockpit_backpack.extend or backpack.extend) before the forward pass. "
                 "Warned once.",
                 CockpitWarning,
                 stacklevel=2,
@@ -338,8 +343,8 @@ class BackpackProvider(StatisticProvider):
                     stat,
                     f"No statistic {stat.describe()} was computed: BackPACK saw no extended "
                     "module in this backward pass. Extending the model and the loss function "
-                    "(model = cockpit_core.extend(model), loss_fn = "
-                    "cockpit_core.extend(loss_fn)) helps only if BackPACK supports every "
+                    "(model = cockpit_backpack.extend(model), loss_fn = "
+                    "cockpit_backpack.extend(loss_fn)) helps only if BackPACK supports every "
                     "module between the loss and the parameters (`cockpit check` lists those "
                     "it does not support).",
                 )

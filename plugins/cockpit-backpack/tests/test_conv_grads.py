@@ -12,8 +12,8 @@ from backpack import backpack, extend
 from backpack.extensions import BatchGrad
 from cockpit_backpack.conv2d import UnfoldConv2d
 
-from cockpit_core.statistics.conv import ConvWeightFactors
-from cockpit_core.statistics.per_sample import ConvGrads, FactoredLinearGrads, MaterializedGrads
+from cockpit_core.statistics.conv import ConvGrads, ConvWeightFactors
+from cockpit_core.statistics.per_sample import FactoredLinearGrads, MaterializedGrads
 
 CONVS = [
     {},

@@ -323,7 +323,7 @@ def test_parameters_the_users_extension_missed_are_warned_about_once():
         "cockpit: BackPACK left p.diag_ggn_exact unset for parameter(s) '0.weight', "
         "'0.bias', '2.weight', '2.bias', '4.weight' and 1 more although DiagGGNExact() was "
         "passed to cp(step, ...): BackPACK computes nothing for modules that are not "
-        "extended. Extend the model and the loss function (cockpit_core.extend or "
+        "extended. Extend the model and the loss function (cockpit_backpack.extend or "
         "backpack.extend) before the forward pass. Warned once."
     ]
     assert ours == [{}, {}, {}]

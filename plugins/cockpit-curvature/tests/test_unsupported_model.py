@@ -10,9 +10,10 @@ import warnings
 
 import numpy as np
 import torch
+from cockpit_backpack import extend
 from cockpit_curvature import HessMaxEV, HessTrace, TICDiag
 
-from cockpit_core import CockpitWarning, extend
+from cockpit_core import CockpitWarning
 from cockpit_core.testing import Problem, run_cockpit
 from cockpit_core.testing.reference import explicit_hessian
 

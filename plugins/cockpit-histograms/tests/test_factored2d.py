@@ -10,9 +10,9 @@ fast-path tests make sure the fast path ran (the materializing kernel raises the
 import numpy as np
 import pytest
 import torch
+from cockpit_backpack import extend
 from cockpit_histograms import GradHist2d, _binning, _factored2d
 
-from cockpit_core import extend
 from cockpit_core.testing import run_cockpit
 from cockpit_core.testing.problems import Problem
 from cockpit_core.testing.reference import per_sample_gradients

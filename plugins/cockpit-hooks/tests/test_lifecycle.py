@@ -174,12 +174,12 @@ def test_hessian_vector_products_do_not_fire_the_hooks(h, monkeypatch):
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_backpack_extended_model_prefers_hooks(h):
     """On an extended model the router picks the hooks, and BackPACK's hooks step aside."""
-    pytest.importorskip("cockpit_backpack")
+    cockpit_backpack = pytest.importorskip("cockpit_backpack")
     gc.collect()  # BackPACK's hook switch is global: unclosed Cockpits of earlier tests
     torch.manual_seed(0)
-    model = cockpit_core.extend(nn.Sequential(nn.Linear(4, 5), nn.Sigmoid(), nn.Linear(5, 3)))
+    model = cockpit_backpack.extend(nn.Sequential(nn.Linear(4, 5), nn.Sigmoid(), nn.Linear(5, 3)))
     model = model.double()
-    lossfunc = cockpit_core.extend(nn.CrossEntropyLoss())
+    lossfunc = cockpit_backpack.extend(nn.CrossEntropyLoss())
     x = torch.randn(6, 4, dtype=torch.float64)
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     counts = []
