@@ -9,7 +9,7 @@ Cockpit step (before the Trainer clips the gradient norm to 1), reports every va
 through ``Trainer.log`` at the Trainer's own step numbers, prints one line per logging
 step and closes the Cockpit when training ends. With gradient accumulation (2
 micro-batches of 32) the values describe the batch of 64. Needs
-``pip install -e ".[huggingface]"``::
+``pip install cockpit-huggingface`` (here: ``pip install -e plugins/cockpit-huggingface``)::
 
     python examples/huggingface_example.py [LOG_PATH]
 
@@ -25,9 +25,8 @@ import tempfile
 
 import torch
 import torch.nn.functional as F
+from cockpit_huggingface import CockpitCallback
 from transformers import Trainer, TrainingArguments
-
-from cockpit_core.integrations.huggingface import CockpitCallback
 
 STEPS, BATCH, ACCUMULATE = 60, 32, 2
 

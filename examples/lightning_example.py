@@ -9,7 +9,7 @@ them), computes the quantities inside Lightning's backward pass (so they describ
 unclipped gradients; Lightning clips the norm to 1 afterwards), logs every value to the
 Trainer's logger (a CSV file here) and closes the Cockpit however training ends. Gradient
 accumulation of 2 batches of 32 gives the statistics of the batch of 64. Needs
-``pip install -e ".[lightning]"``::
+``pip install cockpit-lightning`` (here: ``pip install -e plugins/cockpit-lightning``)::
 
     python examples/lightning_example.py [LOG_PATH]
 
@@ -27,8 +27,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-
-from cockpit_core.integrations.lightning import CockpitCallback
+from cockpit_lightning import CockpitCallback
 
 STEPS, BATCH, ACCUMULATE = 60, 32, 2
 

@@ -90,19 +90,13 @@ def reduce_per_sample(
         _direct(stat, grads, theta, final_gradient, values, failures)
     declined = []
     for stat in factored:
-        try:
-            value = stat.factored_fn(grads, theta)
-        except (KeyboardInterrupt, GeneratorExit):
-            raise
-        except (
-            BaseException
-        ) as err:  # a failing transform (even SystemExit) must not break backward()
-            failures[stat.identity] = f"{type(err).__name__}: {err}"
+        value = _attempt(stat, failures, stat.factored_fn, grads, theta)
+        if value is _FAILED:
             continue
         if value is NotImplemented:  # no fast path for this form: fn on the tensors
             declined.append(stat)
         else:
-            values[stat.identity] = value.detach()
+            values[stat.identity] = value
     _elementwise(declined, grads, theta, values, failures, keep=False, use_fn=True)
     return values, failures
 
@@ -126,28 +120,17 @@ def _elementwise(
             for stat in stats:
                 if stat.identity in failures:
                     continue
-                try:
-                    part = compute(stat, dense, theta).detach()
-                except (KeyboardInterrupt, GeneratorExit):
-                    raise
-                except (
-                    BaseException
-                ) as err:  # a failing transform (even SystemExit) must not break backward()
-                    failures[stat.identity] = f"{type(err).__name__}: {err}"
+                part = _attempt(stat, failures, compute, stat, dense, theta)
+                if part is _FAILED:
                     values.pop(stat.identity, None)
                     continue
                 values[stat.identity] = combine(stat, values.get(stat.identity), part)
         return
     whole = DenseGrads(grads.materialize())  # some statistic needs it: form it once for all
     for stat in stats:
-        try:
-            values[stat.identity] = compute(stat, whole, theta).detach()
-        except (KeyboardInterrupt, GeneratorExit):
-            raise
-        except (
-            BaseException
-        ) as err:  # a failing transform (even SystemExit) must not break backward()
-            failures[stat.identity] = f"{type(err).__name__}: {err}"
+        value = _attempt(stat, failures, compute, stat, whole, theta)
+        if value is not _FAILED:
+            values[stat.identity] = value
 
 
 def _fn(stat: Any, grads: PerSampleGrads, theta: Tensor) -> Tensor:
@@ -163,15 +146,36 @@ def _direct(
     values: dict[Identity, Any],
     failures: dict[Identity, str],
 ) -> None:
+    if stat.combine == "project" and final_gradient is None:
+        values[stat.identity] = grads  # projected after backward
+        return
+    if stat.combine == "project":
+        value = _attempt(stat, failures, lambda: project(stat, grads, final_gradient(), theta))
+    else:
+        value = _attempt(stat, failures, stat.kind.from_per_sample, grads, stat, theta)
+    if value is not _FAILED:
+        values[stat.identity] = value
+
+
+_FAILED = object()
+"""What :func:`_attempt` returns when the computation raised."""
+
+
+def _attempt(
+    stat: Any, failures: dict[Identity, str], compute: Callable[..., Any], *args: Any
+) -> Any:
+    """``compute(*args)`` detached (or ``NotImplemented``); on an exception, record it for ``stat``.
+
+    Plugin code (a transform, a kind's rule, projection directions) runs here during the
+    user's ``backward()``: whatever it raises, even ``SystemExit``, is recorded in
+    ``failures`` and :data:`_FAILED` returned, so that backward goes on. Only
+    ``KeyboardInterrupt`` and ``GeneratorExit`` propagate.
+    """
     try:
-        if stat.combine == "project":
-            if final_gradient is None:
-                values[stat.identity] = grads  # projected after backward
-            else:
-                values[stat.identity] = project(stat, grads, final_gradient(), theta)
-            return
-        values[stat.identity] = stat.kind.from_per_sample(grads, stat, theta).detach()
+        value = compute(*args)
+        return value if value is NotImplemented else value.detach()  # a tensor, or it fails
     except (KeyboardInterrupt, GeneratorExit):
         raise
     except BaseException as err:  # a failing transform (even SystemExit) must not break backward()
         failures[stat.identity] = f"{type(err).__name__}: {err}"
+        return _FAILED

@@ -11,7 +11,7 @@ import torch  # loaded once; only cockpit's own modules are forgotten between im
 import cockpit_core
 
 names = [m.name for m in pkgutil.walk_packages(cockpit_core.__path__, "cockpit_core.")]
-skip = ("cockpit_core.integrations", "cockpit_core.compat", "cockpit_core.__main__")
+skip = ("cockpit_core.__main__",)
 failed = []
 for name in names:
     if name.startswith(skip):

@@ -235,6 +235,8 @@ delete its entry)."""
 RUNTIME_ONLY = {
     # torch.utils.tensorboard.SummaryWriter imports it: required, never imported by name
     "cockpit-tensorboard": {"tensorboard"},
+    # the Trainer needs it at run time (transformers does not require it): never imported
+    "cockpit-huggingface": {"accelerate"},
 }
 """Dependencies a distribution needs at run time without importing them itself."""
 

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import FIRES_EXPECTED, data, fires_registry, plain_model  # noqa: E402
 
 from cockpit_core import Cockpit, CockpitWarning  # noqa: E402
-from cockpit_core.integrations.reporting import FindingReporter, finding_text  # noqa: E402
+from cockpit_core.hosts.reporting import FindingReporter, finding_text  # noqa: E402
 
 
 def _train(cp: Cockpit, model: torch.nn.Module, steps: range) -> list[str]:

@@ -24,41 +24,6 @@ from cockpit_curvature._lanczos import lanczos
 
 DiagCurvature = Literal["diag_hessian", "diag_ggn_exact", "diag_ggn_mc"]
 
-ALIASES = {"diag_h": "diag_hessian"}
-"""Cockpit 1.0.2 spellings accepted for the curvature options."""
-
-
-def normalize_curvature(value: Any) -> Any:
-    """Map Cockpit 1.0.2's ``"diag_h"`` to ``"diag_hessian"``; leave everything else."""
-    return ALIASES.get(value, value) if isinstance(value, str) else value
-
-
-DEFAULT_PROBES = 10
-"""Products of Hutchinson and Hutch++ when ``probes`` is not set."""
-
-
-def default_probes(method: str) -> int:
-    """``probes`` when not set: ``CALIBRATED_MIN_PRODUCTS`` for XTrace and XDiag, else 10.
-
-    XTrace and XDiag report error bars only from ``CALIBRATED_MIN_PRODUCTS`` products on,
-    so their default gets one; Hutchinson's and Hutch++'s hold at any budget.
-    """
-    if error_bars_calibrated(method, DEFAULT_PROBES):
-        return DEFAULT_PROBES
-    return CALIBRATED_MIN_PRODUCTS
-
-
-def resolve_probes(config: Any, method: str, stochastic: Sequence[str]) -> None:
-    """Fill in ``config.probes`` (``None``: not set) with ``method``'s default.
-
-    Only for the estimators in ``stochastic``; the value is not marked as set, so the
-    option checks (``model_fields_set``) and re-validation with another method see it
-    unset.
-    """
-    if config.probes is None and method in stochastic:
-        config.probes = default_probes(method)
-        config.model_fields_set.discard("probes")
-
 
 _NAMES = {"xtrace": "XTrace", "xdiag": "XDiag"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 from torch import Tensor
 
 from cockpit_core import (
@@ -18,9 +18,7 @@ from cockpit_core import (
 from cockpit_curvature._common import (
     curvature_statistic,
     hessian_matvec,
-    normalize_curvature,
     read_diagonal,
-    resolve_probes,
     step_generator,
     warn_if_uncalibrated,
 )
@@ -30,6 +28,7 @@ from cockpit_curvature._estimators import (
     DiagEstimate,
     error_bars_calibrated,
 )
+from cockpit_curvature._options import alias_validator, options_validator
 
 _HINT = (
     "TIC needs a curvature diagonal: from BackPACK on the modules it supports, from the "
@@ -89,25 +88,8 @@ class TICConfig(QuantityConfig):
         "the sums.",
     )
 
-    @field_validator("curvature", mode="before")
-    @classmethod
-    def _alias(cls, value: Any) -> Any:
-        return normalize_curvature(value)
-
-    @model_validator(mode="after")
-    def _options_match_curvature(self) -> TICConfig:
-        if "mc_samples" in self.model_fields_set and self.curvature != "diag_ggn_mc":
-            raise ValueError("mc_samples applies only to curvature='diag_ggn_mc'")
-        for opt in ("probes", "seed"):
-            if opt in self.model_fields_set and self.curvature not in _MIN_PROBES:
-                raise ValueError(f"{opt} applies only to curvature='hutchinson' or 'xdiag'")
-        resolve_probes(self, self.curvature, tuple(_MIN_PROBES))
-        least = _MIN_PROBES.get(self.curvature, 1)
-        if self.probes is not None and self.probes < least:
-            raise ValueError(
-                f"curvature={self.curvature!r} needs probes >= {least}, got {self.probes}"
-            )
-        return self
+    _alias = alias_validator("curvature")
+    _options_match_curvature = options_validator("curvature", _MIN_PROBES)
 
 
 class TICBase(Quantity):

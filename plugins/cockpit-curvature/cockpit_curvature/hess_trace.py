@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
 from cockpit_core import Quantity, QuantityConfig, Requirements, StepContext
 from cockpit_curvature._common import (
     curvature_statistic,
     hessian_matvec,
-    normalize_curvature,
     read_diagonal,
-    resolve_probes,
     step_generator,
     total_and_per_param,
     warn_if_uncalibrated,
@@ -22,6 +20,7 @@ from cockpit_curvature._estimators import (
     ESTIMATORS,
     error_bars_calibrated,
 )
+from cockpit_curvature._options import alias_validator, options_validator
 
 _HINT = "use method='hutchinson', which needs only Hessian-vector products."
 
@@ -60,25 +59,8 @@ class HessTraceConfig(QuantityConfig):
         "the step number).",
     )
 
-    @field_validator("method", mode="before")
-    @classmethod
-    def _alias(cls, value: Any) -> Any:
-        return normalize_curvature(value)
-
-    @model_validator(mode="after")
-    def _options_match_method(self) -> HessTraceConfig:
-        if "mc_samples" in self.model_fields_set and self.method != "diag_ggn_mc":
-            raise ValueError("mc_samples applies only to method='diag_ggn_mc'")
-        for opt in ("probes", "seed"):
-            if opt in self.model_fields_set and self.method not in _MIN_PROBES:
-                raise ValueError(
-                    f"{opt} applies only to method='hutchinson', 'hutchpp' or 'xtrace'"
-                )
-        resolve_probes(self, self.method, tuple(_MIN_PROBES))
-        least = _MIN_PROBES.get(self.method, 1)
-        if self.probes is not None and self.probes < least:
-            raise ValueError(f"method={self.method!r} needs probes >= {least}, got {self.probes}")
-        return self
+    _alias = alias_validator("method")
+    _options_match_method = options_validator("method", _MIN_PROBES)
 
 
 class HessTrace(Quantity):

@@ -33,13 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from cockpit_core import CockpitWarning
 from cockpit_core.log import LogWriter
 from cockpit_core.log.scalars import Scalar, TagMap, header_summary, quantity_entries
+from cockpit_core.log.sink_kit import SinkFields, install_hint, missing_package
 from cockpit_mlflow.keys import header_tags, metric_key, tag_value
 
-INSTALL_HINT = (
-    "The cockpit MLflow sink needs the 'mlflow-skinny' (or 'mlflow') package, which is not "
-    "installed. Install it with: pip install mlflow-skinny  (or: pip install cockpit-mlflow)."
-)
+INSTALL_HINT = install_hint("MLflow", "mlflow-skinny", "cockpit-mlflow", alternative="mlflow")
 DEFAULT_EXPERIMENT_ID = "0"  # MLflow's "Default" experiment
+FIELDS = SinkFields(verb="Log", noun="metric")
 
 
 class MlflowConfig(BaseModel):
@@ -58,29 +57,19 @@ class MlflowConfig(BaseModel):
         "(default: MLFLOW_EXPERIMENT_NAME, else MLflow's Default experiment).",
     )
     run_name: str | None = Field(None, description="Name of a run the sink starts.")
-    prefix: str = Field(
-        "cockpit", description="First part of every metric ('' for none), e.g. 'cockpit/loss'."
-    )
-    per_param: bool = Field(
-        True, description="Log one metric per parameter for per-parameter values."
-    )
-    per_param_max: int = Field(
-        32,
-        ge=0,
-        description="Log per-parameter metrics only for runs with at most this many parameters.",
-    )
+    prefix: str = FIELDS.prefix()
+    per_param: bool = FIELDS.per_param()
+    per_param_max: int = FIELDS.per_param_max()
     dashboard: bool = Field(True, description="Log the dashboard as a PNG artifact at close().")
-    dashboard_dpi: int = Field(100, ge=10, le=300, description="Resolution of that PNG.")
+    dashboard_dpi: int = FIELDS.image_dpi(100, "Resolution of that PNG.")
     log_artifact: bool = Field(
         True, description="Log the cockpit log (.jsonl, every value) as an artifact at close()."
     )
 
 
 def _mlflow() -> Any:
-    try:
+    with missing_package(INSTALL_HINT):
         import mlflow
-    except ImportError as err:
-        raise ImportError(INSTALL_HINT) from err
     return mlflow
 
 

@@ -25,15 +25,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from cockpit_core import CockpitWarning
+from cockpit_core.log.sink_kit import SinkFields, install_hint, missing_package
 from cockpit_tensorboard.dashboard_image import DashboardImages
 from cockpit_tensorboard.tags import Histogram, Scalar, TagMap
 
-INSTALL_HINT = (
-    "The cockpit TensorBoard sink needs the 'tensorboard' package, which is not installed. "
-    "Install it with: pip install tensorboard  (or: pip install cockpit-tensorboard)."
-)
+INSTALL_HINT = install_hint("TensorBoard", "tensorboard", "cockpit-tensorboard")
 DEFAULT_LOG_DIR = "runs/tensorboard"
 WRITER_METHODS = ("add_scalar", "add_histogram_raw", "add_image", "add_text", "flush")
+FIELDS = SinkFields(verb="Write", noun="tag")
 
 
 class TensorBoardConfig(BaseModel):
@@ -44,32 +43,18 @@ class TensorBoardConfig(BaseModel):
     log_dir: str = Field(
         DEFAULT_LOG_DIR, description="Folder of the event files (tensorboard --logdir ...)."
     )
-    prefix: str = Field(
-        "cockpit", description="First part of every tag ('' for none), e.g. 'cockpit/loss'."
-    )
-    image_every: int = Field(
-        0,
-        ge=0,
-        description="Write the dashboard as an image every N steps and at the end; 0: never.",
-    )
-    image_dpi: int = Field(60, ge=10, le=300, description="Resolution of the dashboard image.")
+    prefix: str = FIELDS.prefix()
+    image_every: int = FIELDS.image_every()
+    image_dpi: int = FIELDS.image_dpi()
     flush_secs: int = Field(10, ge=1, description="Seconds between flushes of the event file.")
-    histograms: bool = Field(True, description="Write 1-D histograms (grad_hist_1d).")
-    per_param: bool = Field(
-        True, description="Write one tag per parameter for per-parameter values."
-    )
-    per_param_max: int = Field(
-        32,
-        ge=0,
-        description="Write per-parameter tags only for runs with at most this many parameters.",
-    )
+    histograms: bool = FIELDS.histograms()
+    per_param: bool = FIELDS.per_param()
+    per_param_max: int = FIELDS.per_param_max()
 
 
 def _summary_writer() -> Any:
-    try:
+    with missing_package(INSTALL_HINT):
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError as err:
-        raise ImportError(INSTALL_HINT) from err
     return SummaryWriter
 
 

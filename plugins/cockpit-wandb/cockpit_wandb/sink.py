@@ -29,13 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from cockpit_core import CockpitWarning
 from cockpit_core.dashboard import LivePlot
 from cockpit_core.log.scalars import Histogram, Scalar, TagMap, header_summary, quantity_entries
+from cockpit_core.log.sink_kit import SinkFields, install_hint, missing_package
 
-INSTALL_HINT = (
-    "The cockpit W&B sink needs the 'wandb' package, which is not installed. "
-    "Install it with: pip install wandb  (or: pip install cockpit-wandb)."
-)
+INSTALL_HINT = install_hint("W&B", "wandb", "cockpit-wandb")
 MAX_HISTOGRAM_BINS = 512  # wandb.Histogram refuses more
 Mode = Literal["online", "offline", "disabled"]
+FIELDS = SinkFields(verb="Log", noun="key")
 
 
 class WandbConfig(BaseModel):
@@ -55,29 +54,17 @@ class WandbConfig(BaseModel):
         description="'online', 'offline' or 'disabled' for a run the sink starts "
         "(default: WANDB_MODE, else online).",
     )
-    prefix: str = Field(
-        "cockpit", description="First part of every key ('' for none), e.g. 'cockpit/loss'."
-    )
-    image_every: int = Field(
-        0,
-        ge=0,
-        description="Log the dashboard as an image every N steps and at the end; 0: never.",
-    )
-    image_dpi: int = Field(60, ge=10, le=300, description="Resolution of the dashboard image.")
-    histograms: bool = Field(True, description="Log 1-D histograms (grad_hist_1d).")
-    per_param: bool = Field(True, description="Log one key per parameter for per-parameter values.")
-    per_param_max: int = Field(
-        32,
-        ge=0,
-        description="Log per-parameter keys only for runs with at most this many parameters.",
-    )
+    prefix: str = FIELDS.prefix()
+    image_every: int = FIELDS.image_every()
+    image_dpi: int = FIELDS.image_dpi()
+    histograms: bool = FIELDS.histograms()
+    per_param: bool = FIELDS.per_param()
+    per_param_max: int = FIELDS.per_param_max()
 
 
 def _wandb() -> Any:
-    try:
+    with missing_package(INSTALL_HINT):
         import wandb
-    except ImportError as err:
-        raise ImportError(INSTALL_HINT) from err
     return wandb
 
 
