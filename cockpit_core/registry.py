@@ -42,7 +42,7 @@ from cockpit_core.registry_entries import (
     SinkEntry,
     check_provider_class,
 )
-from cockpit_core.statistics.kinds import BUILTIN_KINDS, StatisticKind
+from cockpit_core.statistics.kinds import StatisticKind
 
 __all__ = [
     "DiagnosisEntry",
@@ -54,13 +54,6 @@ __all__ = [
     "check_provider_class",
     "default_registry",
 ]
-
-
-def _kinds() -> NameTable[StatisticKind]:
-    table: NameTable[StatisticKind] = NameTable("statistic kind", "kind", strict=False)
-    for name, kind in BUILTIN_KINDS.items():
-        table.add(name, kind, "cockpit-core")
-    return table
 
 
 @dataclass
@@ -86,7 +79,9 @@ class Registry:
     providers: NameTable[ProviderEntry] = field(
         default_factory=lambda: NameTable("statistics provider name", "provider", strict=False)
     )
-    kinds: NameTable[StatisticKind] = field(default_factory=_kinds)
+    kinds: NameTable[StatisticKind] = field(
+        default_factory=lambda: NameTable("statistic kind", "kind", strict=False)
+    )
     diagnoses: NameTable[DiagnosisEntry] = field(
         default_factory=lambda: NameTable("diagnosis name", "diagnosis", strict=True)
     )
@@ -96,7 +91,7 @@ class Registry:
     builtin: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
-        if self.builtin:  # the core's own plugin: the torch.func provider
+        if self.builtin:  # the core's own plugin: the torch.func provider, the built-in kinds
             from cockpit_core.statistics import builtin
 
             self.add_plugin(

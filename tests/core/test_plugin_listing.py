@@ -54,7 +54,14 @@ def test_verbose_lists_hooks_and_registrations_of_first_party_plugins(listing):
         "    hooks: register_sinks\n"
         "    sinks: tensorboard\n"
     ) in out
-    assert "core  (cockpit-core 0.2.0)  ok\n    hooks: register_statistic_providers\n" in out
+    # the core's built-ins come in through the same hooks as a third party's
+    assert (
+        "core  (cockpit-core 0.2.0)  ok\n"
+        "    hooks: register_statistic_providers, register_statistic_kinds\n"
+        "    providers: func\n"
+        "    statistic kinds: batch_l2, sum_grad_squared, batch_dot, grad_batch, "
+        "batch_projection, transform, diag_hessian, diag_ggn_exact, diag_ggn_mc\n"
+    ) in out
 
 
 def test_without_verbose_the_listing_is_short(listing):
