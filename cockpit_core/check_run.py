@@ -17,7 +17,7 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -27,6 +27,7 @@ from cockpit_core.coverage_report import ParamRoute, QuantityOutcome, SampleRepo
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.quantity import Quantity, TwoStepQuantity
 from cockpit_core.requirements import Requirements
+from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.provider import Collection, StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.statistics.statistic import Statistic
@@ -132,7 +133,8 @@ class Witness:
         self.filled: dict[tuple[Identity, int], str] = {}
         self.failed: dict[Identity, dict[str, str]] = {}
         for name, provider in providers.items():
-            provider.collect = self._watched(name, provider.collect)  # type: ignore[method-assign]
+            # mypy checks the assignment against the unbound @contextmanager method (self too)
+            provider.collect = self._watched(name, provider.collect)  # type: ignore[method-assign,assignment]
 
     def _watched(
         self, name: str, collect: Callable[[Collection], Any]
@@ -372,7 +374,8 @@ def _delivered(
         notes: list[str] = []
         for stat in stats:
             got = witness.filled.get((stat.identity, i))
-            planned = router.routes(stat.kind)[i].provider
+            stat_kind = cast(StatisticKind, stat.kind)  # Requirements admits resolved kinds only
+            planned = router.routes(stat_kind)[i].provider
             if p.grad is None:
                 got = planned
             elif got is None:
@@ -383,11 +386,13 @@ def _delivered(
                     f"{planned} left it empty at the step{f' ({why})' if why else ''}; {got} "
                     "recomputed it (another forward and backward pass)"
                 )
-            kinds.setdefault(str(stat.kind), set()).add(got)
+            kinds.setdefault(str(stat_kind), set()).add(got)
         if p.grad is None:
             notes.append("no gradient at the sample step (its forward pass did not use it)")
         served = tuple((kind, _one(found)) for kind, found in kinds.items())
-        reasons = tuple(dict.fromkeys(r for s in stats for r in router.reasons(s.kind, i)))
+        reasons = tuple(
+            dict.fromkeys(r for s in stats for r in router.reasons(cast(StatisticKind, s.kind), i))
+        )
         group = groups.setdefault((served, reasons, tuple(dict.fromkeys(notes))), ([], []))
         group[0].append(name)
         # how the copy's providers served it at the step (e.g. where a broadcast was captured)
@@ -397,7 +402,8 @@ def _delivered(
 
 def _one(found: set[str | None]) -> str | None:
     """The provider of a kind: ``None`` if any of its statistics is missing."""
-    return None if None in found or not found else sorted(found)[0]
+    providers = sorted(p for p in found if p is not None)
+    return providers[0] if providers and len(providers) == len(found) else None
 
 
 def _naming(name: str, message: str) -> str:

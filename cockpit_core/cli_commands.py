@@ -115,7 +115,7 @@ def cmd_quantities(args: argparse.Namespace) -> int:
     from cockpit_core.registry import default_registry
 
     registry = default_registry()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in registry.names():
         entry = registry.quantities[name]
         doc = (entry.cls.__doc__ or "").strip().splitlines()
@@ -130,7 +130,7 @@ def cmd_quantities(args: argparse.Namespace) -> int:
                 "options": _field_rows(entry.cls.Config),
             }
         )
-    presets = {
+    presets: dict[str, dict[str, Any]] = {
         p.name: {
             "distribution": p.distribution,
             "description": p.description,
@@ -248,7 +248,7 @@ def _check(args: argparse.Namespace) -> int:
     from cockpit_core.cockpit import Cockpit
 
     model, sample = _model_and_sample(load_model_factory(args.model)(), args)
-    options = {}
+    options: dict[str, Any] = {}  # Cockpit's keyword arguments
     if args.backend is not None:
         options["backend"] = args.backend if "," not in args.backend else _names(args.backend)
     if args.config:

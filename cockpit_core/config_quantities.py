@@ -210,7 +210,8 @@ def _expand_preset(
     if name in seen:
         raise ConfigError([(path, f"preset '{name}' includes itself")])
     preset = registry.preset(name)
-    out, errors = [], []
+    out: list[Quantity] = []
+    errors: list[tuple[str, str]] = []
     for member in preset.quantities:
         try:
             out.extend(_resolve_one(member, registry, path, seen + (name,)))

@@ -32,7 +32,7 @@ def config_json_schema(registry: Registry) -> dict[str, Any]:
         )
         entries.append(entry)
     names = registry.names() + sorted(registry.presets)
-    name_type = Literal[tuple(names)] if names else str  # type: ignore[valid-type]
+    name_type: Any = Literal[tuple(names)] if names else str
     if len(entries) > 1:
         entry_type: Any = Annotated[
             functools.reduce(operator.or_, entries), Field(discriminator="name")

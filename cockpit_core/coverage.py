@@ -18,12 +18,13 @@ from cockpit_core import loop_checks
 from cockpit_core.coverage_report import CoverageReport, CoverageRow, ParamRoute
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
+from cockpit_core.statistics.gather import requested_kind
 from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.provider import StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
 
 
-def _summary(router: StatisticsRouter, kind: str) -> str:
+def _summary(router: StatisticsRouter, kind: StatisticKind) -> str:
     """``"hooks; func for 'embed' (Embedding)"``: the main provider, then the others."""
     routes = [
         (r.provider, slot)
@@ -72,7 +73,7 @@ def check_model(
         hows, problems, hints = [], [], []
         for stat in stats:
             kinds.setdefault(str(stat.kind), stat.kind)
-            hows.append(_summary(router, stat.kind))
+            hows.append(_summary(router, requested_kind(stat)))
             _, problem = router.describe(stat)
             if problem:
                 problems.append(problem)

@@ -238,12 +238,12 @@ def run_demo(
         f"({epochs:.1f} epochs) of SGD (lr {lr}, momentum 0.9, batch {batch_size}), "
         f"accuracy train {train_accuracy:.3f} / validation {valid_accuracy:.3f}"
     )
-    picture = _plot(cp, run / "dashboard.png", title) if picture else None
+    drawn = _plot(cp, run / "dashboard.png", title) if picture else None
     print(
         f"Trained {steps} steps ({epochs:.1f} epochs), accuracy: train {train_accuracy:.3f}, "
         f"validation {valid_accuracy:.3f}."
     )
-    files = ", ".join(["log.jsonl", "output.json"] + ([picture.name] if picture else []))
+    files = ", ".join(["log.jsonl", "output.json"] + ([drawn.name] if drawn else []))
     print(f"Run folder: {run.resolve()}  ({files})")
     return run
 

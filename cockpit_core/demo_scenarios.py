@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -26,8 +27,9 @@ def make_dead_model() -> torch.nn.Module:
     bias learns.
     """
     model = make_model()
+    first_layer = cast(torch.nn.Linear, cast(torch.nn.Sequential, model)[0])  # see make_model
     with torch.no_grad():
-        model[0].bias.fill_(-100.0)
+        first_layer.bias.fill_(-100.0)
     return model
 
 

@@ -283,7 +283,9 @@ class ParameterWatch:
 
     def changes(self) -> tuple[list[int], list[int], list[tuple[int, tuple, tuple]]]:
         """``(frozen, unfrozen, reshaped)`` since the last call (indices; old and new shape)."""
-        frozen, unfrozen, reshaped = [], [], []
+        frozen: list[int] = []
+        unfrozen: list[int] = []
+        reshaped: list[tuple[int, tuple, tuple]] = []
         for i, p in enumerate(self.params):
             shape, requires = tuple(p.shape), bool(p.requires_grad)
             if shape != self.shapes[i]:

@@ -65,7 +65,8 @@ def per_param_series(
 
     Steps whose array has a different length than the first are skipped.
     """
-    steps, rows = [], []
+    steps: list[int] = []
+    rows: list[np.ndarray] = []
     for step in sorted(output):
         value = output[step].get(name)
         if isinstance(value, Mapping) and field in value:

@@ -189,19 +189,19 @@ def render(
             inner = outer[0, j].subgridspec(nrows, 1, hspace=0.85)
             slots = [inner[i, 0].get_position(fig) for i in range(nrows)]
             i = 0
-            for k, (topic, panels) in enumerate(column):
-                for panel in panels:
+            for k, (topic, topic_panels) in enumerate(column):
+                for panel in topic_panels:
                     draw(fig, inner[i, 0], panel)
                     i += 1
                 # a topic sharing its column gets a box around its own panels only
-                top = y_top if k == 0 else slots[i - len(panels)].y1 + col_title_in / height
+                top = y_top if k == 0 else slots[i - len(topic_panels)].y1 + col_title_in / height
                 low = y_bot if k == len(column) - 1 else slots[i - 1].y0 - 0.45 / height
                 if k < len(column) - 1:  # leave a gap to the next topic's box
                     gap = slots[i - 1].y0 - slots[i].y1
                     low = max(low, slots[i].y1 + gap / 2 + 0.05 / height)
                 if k > 0:
-                    gap = slots[i - len(panels) - 1].y0 - slots[i - len(panels)].y1
-                    top = min(top, slots[i - len(panels)].y1 + gap / 2 - 0.05 / height)
+                    gap = slots[i - len(topic_panels) - 1].y0 - slots[i - len(topic_panels)].y1
+                    top = min(top, slots[i - len(topic_panels)].y1 + gap / 2 - 0.05 / height)
                 x = outer[0, j].get_position(fig)
                 boxes.setdefault(topic, []).append((x.x0, low, x.x1, top))
         for k, (topic, parts) in enumerate(boxes.items()):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -142,7 +142,7 @@ def _signature(artist: Any) -> tuple | None:
         x, y = (np.asarray(d, dtype=float) for d in artist.get_data())
         return ("line", x.tobytes(), y.tobytes(), artist.get_linestyle(), artist.get_marker())
     if isinstance(artist, Text):
-        return ("text", artist.get_text(), artist.get_position(), artist.get_ha())
+        return ("text", artist.get_text(), artist.get_position(), artist.get_horizontalalignment())
     return None
 
 
@@ -167,7 +167,9 @@ def _recolor_runs(fig: Any, drawn: list[tuple[Run, list[tuple[Any, list[Any]]]]]
                     recolor(artist, run.color)
                     if isinstance(artist, Text) and k > 0:  # stack the runs' texts
                         lines = artist.get_text().count("\n") + 1
-                        step = -1.25 * k * lines * artist.get_fontsize()
+                        # points (get_size_in_points); the stub also allows a str
+                        size = cast(float, artist.get_fontsize())
+                        step = -1.25 * k * lines * size
                         artist.set_transform(
                             offset_copy(artist.get_transform(), fig=fig, y=step, units="points")
                         )
@@ -203,15 +205,18 @@ def recolor(artist: Any, color: str) -> None:
         faint = artist.get_fill() and _grey(artist.get_facecolor())
         if artist.get_fill():
             artist.set_facecolor(color)
-        if artist.get_edgecolor()[3] > 0:
+        edge = cast(tuple[float, float, float, float], artist.get_edgecolor())  # RGBA
+        if edge[3] > 0:
             artist.set_edgecolor(color)
         cap = FAINT_ALPHA if faint else FILL_ALPHA if artist.get_fill() else 1.0
         artist.set_alpha(min(artist.get_alpha() or 1.0, cap))
     elif isinstance(artist, Collection):
-        if len(artist.get_facecolor()) and np.any(artist.get_facecolor()[:, 3] > 0):
+        faces = np.asarray(artist.get_facecolor())  # an (N, 4) RGBA array already
+        if len(faces) and np.any(faces[:, 3] > 0):
             artist.set_facecolor(color)
             artist.set_alpha(min(artist.get_alpha() or 1.0, FILL_ALPHA))
-        if len(artist.get_edgecolor()) and np.any(artist.get_edgecolor()[:, 3] > 0):
+        edges = np.asarray(artist.get_edgecolor())
+        if len(edges) and np.any(edges[:, 3] > 0):
             artist.set_edgecolor(color)
     elif isinstance(artist, Text):
         artist.set_color(color)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cockpit_core.instrument import TOPICS, Instrument
@@ -46,7 +47,7 @@ def load(source: Any) -> LogData:
     if isinstance(source, LogData):
         return source
     if isinstance(source, (str, os.PathLike)):
-        return read_run(source)
+        return read_run(Path(source))
     log = getattr(source, "_log", None)
     if not getattr(source, "keep_in_memory", True) and log is not None:
         return read_run(log.path)  # values were only streamed: every record is in the log

@@ -18,7 +18,7 @@ import json
 import math
 import re
 import zlib
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -124,7 +124,7 @@ def _decode_lists(data: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
 def _decode_bytes(data: str, entry: dict, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     """json-tricks' compact form (``b64:`` or ``b64.gz:``), bounded by the declared size."""
     endian = entry.get("endian", "native")
-    orders = {"little": "<", "big": ">", "native": "="}
+    orders: dict[str, Literal["<", ">", "="]] = {"little": "<", "big": ">", "native": "="}
     if endian not in orders:
         raise LogFormatError(f"a numpy array entry has an unknown 'endian' {endian!r:.40}.")
     expected = math.prod(shape) * dtype.itemsize
@@ -160,7 +160,7 @@ def _decode_bytes(data: str, entry: dict, dtype: np.dtype, shape: list[int]) -> 
             f"a numpy array entry holds {len(raw)} bytes, but shape {shape} of "
             f"{dtype.name} needs {expected}."
         )
-    order = "F" if entry.get("Corder") is False else "C"
+    order: Literal["C", "F"] = "F" if entry.get("Corder") is False else "C"
     array = np.frombuffer(raw, dtype=dtype.newbyteorder(orders[endian]))
     return array.reshape(shape, order=order).astype(dtype)
 

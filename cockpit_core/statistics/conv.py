@@ -31,6 +31,7 @@ from cockpit_core.statistics import per_sample
 _EINSUM = {1: ("nol,ncli->noci", "nol,ncli->oci"), 2: ("nohw,nchwij->nocij", "nohw,nchwij->ocij")}
 _CURVATURE_EINSUM = {1: "nml,ncli->nmci", 2: "nmhw,nchwij->nmcij"}
 _CONV = {1: F.conv1d, 2: F.conv2d}
+_Conv = torch.nn.Conv1d | torch.nn.Conv2d  # the convolutions the unfolded computation covers
 
 
 def supported_conv(module: torch.nn.Module, inputs: Tensor | None = None) -> str | None:
@@ -57,7 +58,7 @@ class ConvWeightFactors:
 
     """
 
-    def __init__(self, module: torch.nn.Module, inputs: Tensor, grad_outputs: Tensor):
+    def __init__(self, module: _Conv, inputs: Tensor, grad_outputs: Tensor):
         dtype = per_sample.reduction_dtype(inputs, grad_outputs)
         self.inputs = _padded(module, inputs.to(dtype))
         self.grad_outputs = grad_outputs.to(dtype)
@@ -138,7 +139,7 @@ class ConvWeightFactors:
         return patches[cut]
 
 
-def _padded(module: torch.nn.Module, inputs: Tensor) -> Tensor:
+def _padded(module: _Conv, inputs: Tensor) -> Tensor:
     """The input as the convolution sees it: with its padding (any mode) applied."""
     padding = module.padding
     if isinstance(padding, str) or module.padding_mode != "zeros":
@@ -163,7 +164,7 @@ patches. A whole-batch copy of ``S`` (256 MiB for the first 3c3d layer) cost abo
 in copying and page faults, as the products themselves (``benchmarks/results/analysis.md``)."""
 
 
-def conv_weight_diagonal(module: torch.nn.Module, inputs: Tensor, factor: Tensor) -> Tensor:
+def conv_weight_diagonal(module: _Conv, inputs: Tensor, factor: Tensor) -> Tensor:
     """``sum_v sum_n (S_vn U_n^T)^2`` for the symmetric factor ``S`` (``[V, B, *output]``).
 
     A block of samples at a time: the block's factor slice is laid out as ``[n, V C_out,
@@ -236,8 +237,11 @@ class ConvGrads(per_sample.PerSampleGrads):
         With ``keep``, the blocks are kept for :meth:`dot` (projections after backward
         then need no convolution).
         """
-        if self._grads is not None or self._blocks is not None:
-            yield from [self._grads.grads] if self._grads is not None else self._blocks
+        if self._grads is not None:
+            yield self._grads.grads
+            return
+        if self._blocks is not None:
+            yield from self._blocks
             return
         size = self._block_size(max_bytes, self.factors.sample_bytes())
         kept = []

@@ -331,6 +331,10 @@ class FuncProvider(StatisticProvider):
         kinds = {s.kind for s in stats}
         batch = batch_length(inputs)
         model, loss_fn = self.model, self.loss_fn
+        if model is None:  # collect() checked it before the step; detached since
+            raise MisuseError(
+                "The torch.func provider has no model attached: call cp.attach(model, loss_fn)."
+            )
         in_model = {id(p): n for n, p in model.named_parameters()}
         names = [in_model[id(self.params[i])] for i in indices]
         tracked = {n: self.params[i].detach() for n, i in zip(names, indices)}
@@ -419,12 +423,12 @@ def _randomness_message(detail: str) -> str:
     )
 
 
-def _explain(err: Exception, model: torch.nn.Module) -> str:
+def _explain(err: Exception, model: torch.nn.Module | None) -> str:
     """A message for a failed ``vmap(grad(...))`` pass, with the usual causes."""
     text = f"{type(err).__name__}: {err}".splitlines()[0]
     hint = ""
     low = text.lower()
-    batch_norm = any(
+    batch_norm = model is not None and any(
         isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()
     )
     if batch_norm:

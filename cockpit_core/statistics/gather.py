@@ -24,18 +24,30 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.statistics import mean_check
+from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.messages import MODEL_HINT, name_list
 from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
 from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
 Results = dict[Identity, list[Any]]
+
+
+def requested_kind(stat: Statistic) -> StatisticKind:
+    """``stat.kind`` of a requested statistic, typed as the kind object it is.
+
+    ``Statistic.kind`` may hold a plain name, but
+    :class:`~cockpit_core.requirements.Requirements` refuses a statistic whose name is no
+    kind, so every statistic that reaches the router holds a :class:`StatisticKind`
+    (nothing is checked or converted here).
+    """
+    return cast(StatisticKind, stat.kind)
 
 
 class Router(Protocol):
@@ -322,14 +334,15 @@ class StepCollection:
                 continue
             targets: dict[Identity, frozenset[int]] = {}
             for stat in self.stats:
-                if not provider.delivers(stat.kind):
+                kind = requested_kind(stat)
+                if not provider.delivers(kind):
                     continue
                 lacking = {
                     i
                     for other, table in self.served.items()
                     if other != name and stat.identity in table
                     for i in self._lacking(stat, table[stat.identity])
-                    if provider.supports(router.slots[i], stat.kind) is None
+                    if provider.supports(router.slots[i], kind) is None
                 }
                 if lacking:
                     targets[stat.identity] = frozenset(lacking)

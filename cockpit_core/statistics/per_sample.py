@@ -99,11 +99,13 @@ class PerSampleGrads:
 
     def mean(self) -> Tensor:
         """``(1/B) sum_n g_n``, parameter shape."""
-        total = None
+        total: Tensor | None = None
         for block in self.blocks():
             part = block.sum(0)
             total = part if total is None else total + part
-        return total / self.batch_size  # type: ignore[operator]
+        if total is None:  # no blocks (an empty batch): a TypeError, as ``None / B`` was
+            raise TypeError("mean() of per-sample gradients without any block of samples")
+        return total / self.batch_size
 
     def materialize(self) -> Tensor:
         """The per-sample gradients ``[B, *shape]`` (formed once, then kept)."""
@@ -300,7 +302,7 @@ class OuterProductGrads(PerSampleGrads):
         size = self._block_size(max_bytes, n_out * n_in * self.d.element_size())
         # kept only on hold(): a deferred projection recomputes blocks from a and d, which
         # it keeps anyway, rather than holding every layer's g_n until backward ends
-        kept = [] if self._hold else None
+        kept: list[Tensor] | None = [] if self._hold else None
         for start in range(0, self.batch_size, size):
             d, a = self.d[start : start + size], self.a[start : start + size]
             if self.has_sequence:

@@ -146,10 +146,10 @@ def _direct(
     values: dict[Identity, Any],
     failures: dict[Identity, str],
 ) -> None:
-    if stat.combine == "project" and final_gradient is None:
-        values[stat.identity] = grads  # projected after backward
-        return
     if stat.combine == "project":
+        if final_gradient is None:
+            values[stat.identity] = grads  # projected after backward
+            return
         value = _attempt(stat, failures, lambda: project(stat, grads, final_gradient(), theta))
     else:
         value = _attempt(stat, failures, stat.kind.from_per_sample, grads, stat, theta)

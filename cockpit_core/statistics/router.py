@@ -26,7 +26,7 @@ import torch
 
 from cockpit_core.errors import CockpitWarning, ConfigError, MisuseError
 from cockpit_core.requirements import MergedRequirements
-from cockpit_core.statistics.gather import StepCollection
+from cockpit_core.statistics.gather import StepCollection, requested_kind
 from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.messages import MODEL_HINT, name_list
 from cockpit_core.statistics.provider import ParamSlot, StatisticProvider
@@ -205,7 +205,7 @@ class StatisticsRouter:
         served: dict[str, dict[Identity, set[int]]] = {}
         unrouted: dict[Identity, list[int]] = {}
         for stat in statistics:
-            for i, route in enumerate(self.routes(stat.kind)):
+            for i, route in enumerate(self.routes(requested_kind(stat))):
                 if not self.params[i].requires_grad:
                     continue
                 if route.provider is None:
@@ -391,7 +391,7 @@ class StatisticsRouter:
             return
         by_ident = {s.identity: s for s in stats}
         ident, indices = next(iter(unrouted.items()))
-        route = self.routes(by_ident[ident].kind)[indices[0]]
+        route = self.routes(requested_kind(by_ident[ident]))[indices[0]]
         reasons = "; ".join(f"{n}: {r}" for n, r in route.reasons) or "no provider installed"
         raise MisuseError(
             f"No statistics provider can compute {by_ident[ident].describe()} without the "
@@ -400,16 +400,17 @@ class StatisticsRouter:
 
     def unrouted_message(self, stat: Statistic, indices: list[int]) -> str:
         """Why no provider serves ``stat`` for the parameters ``indices`` (grouped by reason)."""
+        kind = requested_kind(stat)
         groups: dict[tuple, list[str]] = {}
         for i in indices:
-            groups.setdefault(self.reasons(stat.kind, i), []).append(self.slots[i].name)
+            groups.setdefault(self.reasons(kind, i), []).append(self.slots[i].name)
         text = []
         for reasons, names in groups.items():
             why = (
                 "; ".join(f"{n}: {r}" for n, r in reasons) or "no statistics provider is installed"
             )
             text.append(f"{name_list(names, len(self.params))} ({why})")
-        delivered = any(self.providers[n].delivers(stat.kind) for n in self.order)
+        delivered = any(self.providers[n].delivers(kind) for n in self.order)
         hint = "" if delivered else getattr(stat.kind, "install_hint", "")
         return (
             f"No installed provider computes {stat.describe()} for "
@@ -432,10 +433,11 @@ class StatisticsRouter:
 
     def describe(self, stat: Statistic) -> tuple[str, str]:
         """``(how, problem)`` for ``stat`` on the attached model (``problem`` empty: ok)."""
-        routes = [r for r, p in zip(self.routes(stat.kind), self.params) if p.requires_grad]
+        kind = requested_kind(stat)
+        routes = [r for r, p in zip(self.routes(kind), self.params) if p.requires_grad]
         used = list(dict.fromkeys(r.provider for r in routes if r.provider is not None))
         how = ", ".join(used) if used else "no provider"
-        orphans = [i for i, r in enumerate(self.routes(stat.kind)) if r.provider is None]
+        orphans = [i for i, r in enumerate(self.routes(kind)) if r.provider is None]
         return how, self.unrouted_message(stat, orphans) if orphans else ""
 
     def close(self) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
-from cockpit_core.diagnosis import Finding, Window, check_diagnosis_class
+from cockpit_core.diagnosis import Diagnosis, Finding, Window, check_diagnosis_class
 from cockpit_core.registry import Registry
 from cockpit_core.testing.conformance import ConformanceError
 from cockpit_core.testing.problems import tiny_mlp
@@ -43,32 +43,33 @@ def check_diagnosis(
         check_diagnosis_class(cls)
     except TypeError as err:
         raise ConformanceError(str(err)) from err
-    fields = cls.Config.model_fields
+    diagnosis_cls = cast(type[Diagnosis], cls)  # what check_diagnosis_class() verified
+    fields = diagnosis_cls.Config.model_fields
     undescribed = [n for n, f in fields.items() if not f.description]
     if undescribed:
         raise ConformanceError(
-            f"options {undescribed} of {cls.Config.__name__} have no description: "
+            f"options {undescribed} of {diagnosis_cls.Config.__name__} have no description: "
             "write Field(default, description=...) (cockpit lists them to users)."
         )
     try:
-        diagnosis = cls(**dict(options or {}))
+        diagnosis = diagnosis_cls(**dict(options or {}))
     except ValidationError as err:
         raise ConformanceError(
             f"options {dict(options or {})} do not validate: {err}; give every option a "
             "valid default, or pass check_plugin(arguments={name: {'options': {...}}})"
         ) from err
     try:
-        cls(**dict(options or {}), cockpit_check_unknown_option=1)
+        diagnosis_cls(**dict(options or {}), cockpit_check_unknown_option=1)
     except ValidationError:
         pass
     else:
         raise ConformanceError(
-            f"{cls.Config.__name__} accepts an unknown option: keep DiagnosisConfig's "
+            f"{diagnosis_cls.Config.__name__} accepts an unknown option: keep DiagnosisConfig's "
             "extra='forbid', so that a misspelt threshold is an error."
         )
     registry = registry if registry is not None else Registry.from_entry_points()
-    installed = [q for q in cls.reads if q in registry.quantities]
-    if not installed and cls.reads_records and "loss" in registry.quantities:
+    installed = [q for q in diagnosis_cls.reads if q in registry.quantities]
+    if not installed and diagnosis_cls.reads_records and "loss" in registry.quantities:
         installed = ["loss"]  # a run that writes the records it reads (skipped, cost)
     windows = {"an empty window": Window({})}
     if installed:
@@ -95,7 +96,7 @@ def check_diagnosis(
                 f"check() raised {type(err).__name__}: {err} on {what} (a diagnosis must "
                 "cope with missing, NaN and short series: return [] instead)."
             ) from err
-        _check_findings(cls.name, found, what)
+        _check_findings(diagnosis_cls.name, found, what)
 
 
 def _header(cp: Any) -> dict[str, Any]:

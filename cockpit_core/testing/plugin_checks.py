@@ -118,7 +118,9 @@ def check_plugin(
     if info.name in registry.extension_errors:
         problems.append(registry.extension_errors[info.name])
 
-    def run(what: str, name: str, check: Callable[[], Any]) -> None:
+    # ``check`` is called without arguments; ``...`` because mypy cannot infer a lambda whose
+    # defaults bind the loop's values (``lambda cls=cls: ...``)
+    def run(what: str, name: str, check: Callable[..., Any]) -> None:
         if name in skip:
             report.not_checked.append(f"{what} {name}: in skip")
             return

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.per_sample import DenseGrads, PerSampleGrads
 from cockpit_core.statistics.statistic import Statistic
 
@@ -122,7 +123,10 @@ def reference_statistic(
         return flat @ stat.fn(grad, param).flatten(1).T
     if stat.fn is not None:  # a per_sample_transform
         return stat.fn(grads, param)
-    return stat.kind.from_per_sample(DenseGrads(grads), stat, param)  # a plugin's kind
+    own = stat.kind
+    if not isinstance(own, StatisticKind) or own.from_per_sample is None:
+        raise TypeError(f"no reference for {stat.describe()}: its kind has no from_per_sample.")
+    return own.from_per_sample(DenseGrads(grads), stat, param)  # a plugin's kind
 
 
 def relative_error(actual: Tensor, expected: Tensor) -> float:

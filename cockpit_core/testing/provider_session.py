@@ -21,6 +21,7 @@ from cockpit_core.quantity import Quantity
 from cockpit_core.registry import ProviderEntry, Registry
 from cockpit_core.requirements import Requirements
 from cockpit_core.schedules import ExplicitSteps
+from cockpit_core.statistics.gather import requested_kind
 from cockpit_core.statistics.provider import StatisticProvider
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.statistics.statistic import Statistic
@@ -66,7 +67,7 @@ def _supported(
             accepted = []
             declined = {}
             try:
-                routes = router.routes(check.stat.kind)
+                routes = router.routes(requested_kind(check.stat))
             except Exception as err:
                 raise ConformanceError(
                     f"{provider_cls.__name__}.supports(slot, {check.stat.kind}) raised "

@@ -150,11 +150,11 @@ def check_provider(
             f"({', '.join(p.name for p in problems)}) for any of {[c.label for c in checks]}, "
             "so nothing could be checked: pass problems= with models it supports."
         )
-    problem, names, group = first
+    problem, first_names, group = first
     probe = [c for c in group if c.mode != "mc"][:1] or group[:1]
     _check_no_gradient(provider_cls, registry, problem, probe, options, report)
     if provider_cls.per_sample:
         _check_failing_statistic(provider_cls, registry, problems, options, report)
-    _check_two_cockpits(provider_cls, registry, problem, probe, names, options, report)
-    _check_reattach(provider_cls, registry, problem, probe, names, options, report)
+    _check_two_cockpits(provider_cls, registry, problem, probe, first_names, options, report)
+    _check_reattach(provider_cls, registry, problem, probe, first_names, options, report)
     return report

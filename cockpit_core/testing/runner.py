@@ -106,7 +106,7 @@ def run_cockpit(
         before = [p.detach().clone() for p in model.parameters()]
         with cp(step, info=info):
             loss.backward(retain_graph=cp.retain_graph(step))
-        grads = [p.grad.detach().clone() for p in model.parameters()]
+        grads = [_gradient(name, p) for name, p in model.named_parameters()]
         opt.step()
         lrs = [g["lr"] for g in opt.param_groups for _ in g["params"]]
         after = [p.detach().clone() for p in model.parameters()]
@@ -114,3 +114,13 @@ def run_cockpit(
             StepSnapshot(step, before, after, x, y, float(loss.detach()), grads, lrs)
         )
     return result
+
+
+def _gradient(name: str, param: torch.nn.Parameter) -> torch.Tensor:
+    """A detached copy of ``param.grad``; every parameter of a test problem receives one."""
+    if param.grad is None:
+        raise ValueError(
+            f"parameter {name!r} of the problem's model received no gradient: run_cockpit "
+            "records every parameter's gradient, so every parameter must take part in the loss."
+        )
+    return param.grad.detach().clone()

@@ -118,7 +118,8 @@ class NanoGPT(nn.Module):
             }
         )
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        # as nanoGPT writes it; typed, ModuleDict attributes are Tensor | Module (hence the ignores)
+        self.transformer.wte.weight = self.lm_head.weight  # type: ignore[union-attr]  # tying
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / (2 * layers) ** 0.5)
@@ -129,10 +130,10 @@ class NanoGPT(nn.Module):
         """Logits ``[B, T, vocab]`` of token ids ``[B, T]``, and the mean loss if ``targets``."""
         t = idx.size(1)
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # type: ignore[operator]
+        for block in self.transformer.h:  # type: ignore[union-attr]
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.lm_head(self.transformer.ln_f(x))  # type: ignore[operator]
         loss = None
         if targets is not None:
             loss = F.cross_entropy(
