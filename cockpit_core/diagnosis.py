@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from cockpit_core.errors import UnknownNameError
+from cockpit_core.name_table import check_named_class
 
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error")
 """Severities of findings, least severe first."""
@@ -387,13 +388,9 @@ def _plain(value: Any) -> Any:
 
 def check_diagnosis_class(cls: Any) -> None:
     """Raise ``TypeError`` with a fix if ``cls`` does not follow the diagnosis protocol."""
-    if not (isinstance(cls, type) and issubclass(cls, Diagnosis)):
-        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.diagnosis.Diagnosis.")
-    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
-        raise TypeError(
-            f"{cls.__name__}.name = {cls.name!r} is not a valid diagnosis name: use "
-            "snake_case, e.g. 'step_size'."
-        )
+    check_named_class(
+        cls, Diagnosis, "cockpit_core.diagnosis.Diagnosis", "diagnosis", NAME_PATTERN, "step_size"
+    )
     reads = cls.reads
     if isinstance(reads, str) or not all(isinstance(r, str) for r in reads):
         raise TypeError(

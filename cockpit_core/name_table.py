@@ -11,8 +11,9 @@ is meant. Tables the core walks itself (providers, kinds, instruments) keep the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from cockpit_core.errors import DuplicateNameError
 
@@ -150,3 +151,37 @@ def _listing(distributions: list[str]) -> str:
     quoted = [f"'{d}'" for d in unique]
     listing = ", ".join(quoted[:-1]) + f" and {quoted[-1]}"
     return f"both {listing}" if len(unique) == 2 else listing
+
+
+def check_named_class(
+    cls: Any,
+    base: type,
+    public_path: str,
+    what: str,
+    pattern: re.Pattern[str],
+    example: str,
+    rule: str = "snake_case",
+) -> None:
+    """Raise ``TypeError`` with a fix unless ``cls`` subclasses ``base`` and has a valid name.
+
+    The part every ``register(...)`` hook of a class shares (quantities, providers,
+    diagnoses); each adds its own checks after it.
+
+    Args:
+        cls: The registered object.
+        base: The class it must subclass.
+        public_path: ``base`` as users import it (``"cockpit_core.Quantity"``), for the message.
+        what: What is registered (``"quantity"``), for the message.
+        pattern: What ``cls.name`` must match.
+        example: A valid name (``"grad_norm"``).
+        rule: The naming rule, in words.
+
+    """
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{cls!r} is not a subclass of {public_path}.")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not pattern.match(name):
+        raise TypeError(
+            f"{cls.__name__}.name = {name!r} is not a valid {what} name: use {rule}, "
+            f"e.g. {example!r}."
+        )

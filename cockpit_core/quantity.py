@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from cockpit_core.errors import ConfigError
+from cockpit_core.name_table import check_named_class
 from cockpit_core.requirements import NO_REQUIREMENTS, Requirements
 from cockpit_core.schedules import EveryN, Schedule, ScheduleFn, as_schedule_fn
 
@@ -412,12 +413,15 @@ class TwoStepQuantity(Quantity):
 
 def check_quantity_class(cls: type) -> None:
     """Raise ``TypeError`` with a fix if ``cls`` does not follow the quantity protocol."""
-    if not (isinstance(cls, type) and issubclass(cls, Quantity)):
-        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.Quantity.")
-    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
-        raise TypeError(
-            f"{cls.__name__}.name = {cls.name!r} is not a valid quantity name: use snake_case "
-            "(lower-case letters, digits, single underscores), e.g. 'grad_norm'."
-        )
-    if not (isinstance(cls.Config, type) and issubclass(cls.Config, QuantityConfig)):
+    check_named_class(
+        cls,
+        Quantity,
+        "cockpit_core.Quantity",
+        "quantity",
+        NAME_PATTERN,
+        "grad_norm",
+        rule="snake_case (lower-case letters, digits, single underscores)",
+    )
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, QuantityConfig)):
         raise TypeError(f"{cls.__name__}.Config must subclass cockpit_core.QuantityConfig.")

@@ -12,6 +12,7 @@ from typing import Any
 
 from cockpit_core.diagnosis import Diagnosis
 from cockpit_core.errors import ConfigError
+from cockpit_core.name_table import check_named_class
 from cockpit_core.quantity import NAME_PATTERN, Quantity, loose_scalar_message, validate_config
 from cockpit_core.statistics.provider import StatisticProvider
 
@@ -57,13 +58,14 @@ class ProviderEntry:
 
 def check_provider_class(cls: Any) -> None:
     """Raise ``TypeError`` with a fix if ``cls`` does not follow the provider protocol."""
-    if not (isinstance(cls, type) and issubclass(cls, StatisticProvider)):
-        raise TypeError(f"{cls!r} is not a subclass of cockpit_core.StatisticProvider.")
-    if not isinstance(cls.name, str) or not NAME_PATTERN.match(cls.name):
-        raise TypeError(
-            f"{cls.__name__}.name = {cls.name!r} is not a valid provider name: use snake_case, "
-            "e.g. 'module_hooks'."
-        )
+    check_named_class(
+        cls,
+        StatisticProvider,
+        "cockpit_core.StatisticProvider",
+        "provider",
+        NAME_PATTERN,
+        "module_hooks",
+    )
 
 
 @dataclass(frozen=True)
