@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ from cockpit_core.step import StepRun  # noqa: E402
 SPENT: dict[str, float] = defaultdict(float)
 
 
-def _timed(owner: Any, attr: str, label: str | Callable[..., str]) -> None:
+def _timed(owner: Any, attr: str, label: str) -> None:
     """Replace ``owner.attr`` by a wrapper adding its time to ``SPENT[label]`` (outermost only).
 
     A function an older version of cockpit does not have is left out (its row reads 0).
@@ -64,8 +63,7 @@ def _timed(owner: Any, attr: str, label: str | Callable[..., str]) -> None:
         finally:
             depth[0] -= 1
             if depth[0] == 0:
-                key = label if isinstance(label, str) else label(*args)
-                SPENT[key] += time.perf_counter() - start
+                SPENT[label] += time.perf_counter() - start
 
     setattr(owner, attr, wrapper)
 

@@ -40,15 +40,20 @@ LOCAL_DISTRIBUTION = "<local>"
 """``PluginInfo.version`` of a local plugin; its ``distribution`` is the file's path."""
 
 
-def core_version() -> str:
-    """The installed cockpit-core's version (``cockpit_core.__version__``).
+def installed_version(distribution: str) -> str:
+    """The installed version of ``distribution``.
 
-    ``"0+unknown"`` when the core runs from a source tree that is not installed.
+    ``"0+unknown"`` when it runs from a source tree that is not installed.
     """
     try:
-        return version(CORE_DISTRIBUTION)
+        return version(distribution)
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "0+unknown"
+
+
+def core_version() -> str:
+    """The installed cockpit-core's version (``cockpit_core.__version__``)."""
+    return installed_version(CORE_DISTRIBUTION)
 
 
 @dataclass

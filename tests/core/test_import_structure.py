@@ -72,7 +72,9 @@ def _distributions() -> list[Distribution]:
 
 
 DISTRIBUTIONS = _distributions()
-FIRST_PARTY = {d.package.name for d in DISTRIBUTIONS}
+DISTRIBUTION_OF = {d.package.name: d.name for d in DISTRIBUTIONS}
+"""Top-level package -> the distribution of this repository that holds it."""
+FIRST_PARTY = set(DISTRIBUTION_OF)
 
 
 def _module_files() -> dict[str, Path]:
@@ -281,7 +283,7 @@ def test_each_distribution_declares_exactly_what_it_imports(dist: Distribution):
             if top in stdlib or top == own:
                 continue
             if top in FIRST_PARTY:
-                names = {d.name for d in DISTRIBUTIONS if d.package.name == top}
+                names = {DISTRIBUTION_OF[top]}
             else:
                 names = providers.get(top)
                 assert names, (
@@ -290,11 +292,9 @@ def test_each_distribution_declares_exactly_what_it_imports(dist: Distribution):
             for name in names:
                 needed.setdefault(name, []).append(f"{path.relative_to(ROOT)}:{imp.line}")
     pending = {  # the distributions of the known pending imports (see above)
-        d.name
+        DISTRIBUTION_OF[target.split(".")[0]]
         for module, target in PENDING_PLUGIN_IMPORTS
         if module.split(".")[0] == own
-        for d in DISTRIBUTIONS
-        if d.package.name == target.split(".")[0]
     }
     undeclared = {
         name: where[0]

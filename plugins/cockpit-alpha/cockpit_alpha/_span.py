@@ -9,11 +9,13 @@ projections, and the residual ``r_i`` gets the diagonal approximation
 exact slope variance; the diagonal is our approximation for the part the start point did
 not see).
 
-Layers are fitted together: their vectors are concatenated (a group of layers at most
-:data:`GROUP_ELEMENTS` elements long, so the float64 temporaries stay bounded), the
-``3 x 3`` Gram matrices and projections of all layers come from one segment sum per
-entry, and the ``3 x 3`` systems are solved in one batched eigendecomposition. The cost
-is a few passes over the parameters instead of a dozen small operations per layer.
+Layers are fitted together: a group of layers at most :data:`GROUP_ELEMENTS` elements long
+(so the float64 temporaries stay bounded) is concatenated into one float64 ``5 x n`` block
+(gradient, parameters, predicted update, update, end-point gradient); each layer's
+``5 x 5`` Gram matrix, one product on a view of the block, holds its ``3 x 3`` system, the
+right-hand side, ``||d||^2`` and both slopes, and the systems of all layers are solved in
+one batched eigendecomposition. The cost is a few passes over the parameters instead of a
+dozen small operations per layer.
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ GROUP_ELEMENTS = 1 << 21
 MERGE_RTOL = 1e-12
 """Eigenvalues of the normalized Gram matrix below this share of the largest are dropped:
 directions closer than ~1e-6 rad merge (plain SGD: update = -lr * gradient)."""
-
-_PAIRS = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
 
 
 @dataclass

@@ -17,15 +17,11 @@ differences in values. The package uses only ``cockpit_core``'s public modules; 
 never imports it.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from cockpit_compat import quantities, utils
 from cockpit_compat.cockpit import Cockpit
 from cockpit_compat.plotter import CockpitPlotter
+from cockpit_core.plugins import installed_version
 
-try:
-    __version__ = version("cockpit-compat")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
+__version__ = installed_version("cockpit-compat")
 
 __all__ = ["Cockpit", "CockpitPlotter", "__version__", "quantities", "utils"]
