@@ -14,14 +14,14 @@ Two variants of the package for ``--help`` and ``--version``:
 - ``lazy __init__``: a prototype of a PEP 562 lazy ``cockpit_core/__init__.py``. A launcher
   script puts a stand-in ``cockpit_core`` package module into ``sys.modules`` whose
   module-level ``__getattr__`` imports each name of the real ``__init__`` (read from its
-  source) from its submodule on first use, then calls ``cockpit_core.cli.main``. It shows
+  source) from its submodule on first use, then calls ``cockpit_core.cli.main.main``. It shows
   what the command costs once ``import cockpit_core`` is cheap; its output is compared with
   the installed variant's.
 
 ``cockpit plugins -v`` runs twice per round, with a listing cache of its own (a temporary
 ``XDG_CACHE_HOME``): ``cold`` with ``--refresh`` (imports every plugin and torch, rewrites
 the cache), then ``warm`` (served from the cache that run wrote; see
-:mod:`cockpit_core.plugin_listing`). The report counts the warm runs that were served from
+:mod:`cockpit_core.plugin.listing`). The report counts the warm runs that were served from
 the cache (``-v`` says so on standard error): a file of the core or of a plugin edited
 during the measurement invalidates it.
 
@@ -53,7 +53,7 @@ COLD, WARM = "cold (cache refreshed)", "warm (from cache)"
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cockpit_core"
 
-LAUNCHER = '''"""Run cockpit_core.cli.main with a lazy stand-in for the package __init__ (PEP 562)."""
+LAUNCHER = '''"""Run cockpit_core.cli.main.main with a lazy stand-in for the package __init__ (PEP 562)."""
 import importlib
 import sys
 import types
@@ -81,7 +81,7 @@ def __getattr__(name):
 
 package.__getattr__ = __getattr__
 sys.modules["cockpit_core"] = package
-from cockpit_core.cli import main  # noqa: E402
+from cockpit_core.cli.main import main  # noqa: E402
 
 sys.exit(main())
 '''
@@ -264,7 +264,7 @@ def findings(medians, profiles) -> list[str]:
             f"through `{via}`; a lazy `__init__` (PEP 562) avoids it"
             if torch_loaded
             else "no torch: the package `__init__` exports its names lazily (PEP 562), and "
-            "`cockpit_core/cli.py` imports only the standard library and "
+            "`cockpit_core/cli/main.py` imports only the standard library and "
             "`cockpit_core.errors`; each command imports what it needs when it runs"
         )
         out.append(
@@ -278,7 +278,7 @@ def findings(medians, profiles) -> list[str]:
         "subclasses of `Quantity`, so loading the plugins needs torch.",
         f"- `cockpit plugins` warm: {cpu('cockpit plugins -v', WARM):.2f} s, torch "
         f"{'imported' if warm_torch else 'not imported'}: the listing of the last full load is "
-        "served from the cache (`cockpit_core/plugin_listing.py`) while its fingerprint "
+        "served from the cache (`cockpit_core/plugin/listing.py`) while its fingerprint "
         "(interpreter, installed distributions, `cockpit` entry points, files of the plugin "
         "packages and of `cockpit_core`, `COCKPIT_PLUGINS_DIR`) is unchanged.",
         "",

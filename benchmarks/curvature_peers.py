@@ -42,7 +42,7 @@ from cockpit_curvature._estimators import ESTIMATORS
 from scipy.sparse.linalg import eigsh
 
 from cockpit_core import Cockpit
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 from cockpit_core.testing import Problem, tiny_transformer
 from cockpit_core.testing.reference import flat
 

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cockpit_demo.training import load_digits_tensors, make_model
 
 from cockpit_core import Cockpit
-from cockpit_core.demo import load_digits_tensors, make_model
-from cockpit_core.registry import default_registry
+from cockpit_core.plugin.registry import default_registry
 from cockpit_core.testing.problems import prepared
 
 RESULTS = Path(__file__).resolve().parent / "results" / "diagnoses_online.md"
@@ -115,7 +115,7 @@ def main() -> None:
         "`per step`: the training loop's wall-clock time over the steps. The diagnoses see "
         "every record, keep the latest 500 tracked steps of what they read, and check the "
         "whole window after every `len(window) // 20` new steps "
-        "(`cockpit_core.diagnosis_runner.CHECKS_PER_WINDOW`; every step while the window is "
+        "(`cockpit_core.diagnosing.runner.CHECKS_PER_WINDOW`; every step while the window is "
         "short, every 25th at 500), and once more at `cp.close()` (not in the loop's time). "
         "`findings`: what they reported on this (healthy) run: the `economy` preset at every "
         "step on this tiny model costs more than the `cost` rule's default budget, and the "

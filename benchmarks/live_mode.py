@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from cockpit_dashboard import LivePlot
+from cockpit_demo.training import load_digits_tensors, make_model
 
 from cockpit_core import Cockpit
-from cockpit_core.dashboard import LivePlot
-from cockpit_core.demo import load_digits_tensors, make_model
 from cockpit_core.testing.problems import prepared
 
 RESULTS = Path(__file__).resolve().parent / "results" / "live_mode.md"

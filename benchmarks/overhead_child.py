@@ -96,7 +96,7 @@ def _hvp_class() -> type | None:
     """The core's Hessian-vector-product operator, wherever this version keeps it."""
     import importlib
 
-    for module in ("cockpit_core.context", "cockpit_core.hvp"):
+    for module in ("cockpit_core.context", "cockpit_core.engine.hvp"):
         try:
             cls = getattr(importlib.import_module(module), "HessianVectorProducts", None)
         except ImportError:

@@ -39,8 +39,8 @@ from real_models import MODELS, SIZES, _problem  # noqa: E402
 import cockpit_core.statistics.provider as provider  # noqa: E402
 import cockpit_core.statistics.reduce as reduce  # noqa: E402
 from cockpit_core import Cockpit  # noqa: E402
-from cockpit_core.cost import CostMeter  # noqa: E402
-from cockpit_core.step import StepRun  # noqa: E402
+from cockpit_core.engine.cost import CostMeter  # noqa: E402
+from cockpit_core.engine.step import StepRun  # noqa: E402
 
 SPENT: dict[str, float] = defaultdict(float)
 

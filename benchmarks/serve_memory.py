@@ -67,9 +67,9 @@ def _rss_mb() -> float:
 
 
 def child(path: str, steps: int, feed: bool) -> None:
-    import cockpit_core.web.feed as feed_module
-    from cockpit_core.web import Feed
-    from cockpit_core.web.follow import LogFollower
+    import cockpit_web.feed as feed_module
+    from cockpit_web import Feed
+    from cockpit_web.follow import LogFollower
 
     base = _rss_mb()
     start = time.perf_counter()

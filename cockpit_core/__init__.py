@@ -6,7 +6,7 @@ quantities live in plugins found through the ``cockpit`` entry-point group.
 The public names below are imported when first used (PEP 562), so that ``import
 cockpit_core`` (and ``cockpit --help``) does not import torch; ``from cockpit_core import
 Cockpit`` works as usual. Sub-namespaces hold the rest: :mod:`cockpit_core.errors`,
-:mod:`cockpit_core.dashboard` (instruments), :mod:`cockpit_core.testing` (the plugin kit),
+:mod:`cockpit_core.panel` (dashboard panels), :mod:`cockpit_core.testing` (the plugin kit),
 :mod:`cockpit_core.statistics` (providers), :mod:`cockpit_core.log` (logs).
 """
 
@@ -16,9 +16,9 @@ from typing import Any as _Any
 
 if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by a test
     from cockpit_core.cache import Cache
-    from cockpit_core.cockpit import Cockpit
-    from cockpit_core.config import config_json_schema, load_config_file, resolve_quantities
+    from cockpit_core.config.files import config_json_schema, load_config_file, resolve_quantities
     from cockpit_core.context import StepContext
+    from cockpit_core.engine.cockpit import Cockpit
     from cockpit_core.errors import (
         CockpitError,
         CockpitWarning,
@@ -39,8 +39,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     )
     from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
     from cockpit_core.log import read_log
+    from cockpit_core.plugin.registry import Registry, default_registry
     from cockpit_core.quantity import Quantity, QuantityConfig, ResumeContext, TwoStepQuantity
-    from cockpit_core.registry import Registry, default_registry
     from cockpit_core.requirements import (
         BATCH_DOT,
         BATCH_L2,
@@ -65,12 +65,12 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
 
 _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped by topic
     # tracking a training run
-    "Cockpit": "cockpit_core.cockpit",
+    "Cockpit": "cockpit_core.engine.cockpit",
     "read_log": "cockpit_core.log",
     # configuration
-    "config_json_schema": "cockpit_core.config",
-    "load_config_file": "cockpit_core.config",
-    "resolve_quantities": "cockpit_core.config",
+    "config_json_schema": "cockpit_core.config.files",
+    "load_config_file": "cockpit_core.config.files",
+    "resolve_quantities": "cockpit_core.config.files",
     # writing quantities
     "Quantity": "cockpit_core.quantity",
     "QuantityConfig": "cockpit_core.quantity",
@@ -108,8 +108,8 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     # plugins
     "hookimpl": "cockpit_core.hookspecs",
     "PROTOCOL_VERSION": "cockpit_core.hookspecs",
-    "Registry": "cockpit_core.registry",
-    "default_registry": "cockpit_core.registry",
+    "Registry": "cockpit_core.plugin.registry",
+    "default_registry": "cockpit_core.plugin.registry",
     # errors and warnings
     "CockpitError": "cockpit_core.errors",
     "CockpitWarning": "cockpit_core.errors",
@@ -140,7 +140,7 @@ def __getattr__(name: str) -> _Any:
         globals()[name] = value  # later lookups skip this function
         return value
     if name == "__version__":
-        version = _importlib.import_module("cockpit_core.plugins").core_version()
+        version = _importlib.import_module("cockpit_core.plugin.discovery").core_version()
         globals()["__version__"] = version
         return version
     raise AttributeError(f"module 'cockpit_core' has no attribute {name!r}")

@@ -5,7 +5,7 @@ A :class:`Diagnosis` declares the quantities it ``reads`` and its thresholds as 
 values (the whole log offline, the latest steps while training) and returns
 :class:`Finding` objects: what was found, over which steps, the evidence (values and
 thresholds), a suggestion and the paper or rule it comes from. Plugins register diagnosis
-classes with the ``register_diagnoses`` hook; :func:`cockpit_core.diagnose.diagnose` runs
+classes with the ``register_diagnoses`` hook; :func:`cockpit_core.diagnosing.run.diagnose` runs
 them on a log, ``Cockpit(..., diagnoses=[...])`` while training. See ``docs/diagnoses.md``.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from cockpit_core.errors import UnknownNameError
-from cockpit_core.name_table import check_named_class
+from cockpit_core.plugin.name_table import check_named_class
 
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error")
 """Severities of findings, least severe first."""
@@ -196,7 +196,7 @@ class Window:
         skipped: ``skipped`` records (steps whose values were not computed).
         header: The run's header (``params`` names the parameters of per-parameter values).
         cost: ``cost`` records (cockpit's own time at tracked steps, see
-            :mod:`cockpit_core.cost`), by step.
+            :mod:`cockpit_core.engine.cost`), by step.
 
     """
 

@@ -111,6 +111,16 @@ class UnknownInstrumentError(UnknownNameError):
     listing_hint = "Run `cockpit plugins -v` to list the panels of each plugin."
 
 
+class UnknownRendererError(UnknownNameError):
+    """No installed plugin renders files of a suffix (``.png``, ``.html``, ...)."""
+
+    kind = "file type"
+    listing_hint = (
+        "Install a plugin that renders it (cockpit-dashboard: .png, .svg, .pdf; cockpit-web: "
+        ".html); `cockpit plugins -v` lists the renderers of each plugin."
+    )
+
+
 class DuplicateNameError(CockpitError):
     """Two installed distributions register the same name (quantity, preset, sink, ...)."""
 

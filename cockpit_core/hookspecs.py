@@ -10,14 +10,15 @@ the specs below. Each hook receives a ``register`` callback; the core validates 
 registered and reports name collisions, naming both distributions. The callbacks are typed
 by the protocols :class:`RegisterQuantity`, :class:`RegisterPreset`,
 :class:`RegisterInstrument`, :class:`RegisterSink`, :class:`RegisterStatisticProvider`,
-:class:`RegisterStatisticKind` and :class:`RegisterDiagnosis`, so a type checker verifies a plugin's calls::
+:class:`RegisterStatisticKind`, :class:`RegisterDiagnosis`, :class:`RegisterRenderer` and
+:class:`RegisterCommand`, so a type checker verifies a plugin's calls::
 
     @hookimpl
     def register_quantities(register: RegisterQuantity) -> None:
         register(MyQuantity)
 
 Plugin modules outside any distribution load from the folders of ``COCKPIT_PLUGINS_DIR``
-(see :mod:`cockpit_core.plugins`).
+(see :mod:`cockpit_core.plugin.discovery`).
 
 A plugin module may set ``COCKPIT_PROTOCOL_VERSION = <int>``; if it differs from
 :data:`PROTOCOL_VERSION` the plugin is skipped and reported by ``cockpit plugins``.
@@ -28,6 +29,7 @@ implementation only the arguments it names), never by removing or changing them.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,6 +49,11 @@ PROJECT_NAME = "cockpit"
 
 PROTOCOL_VERSION = 1
 """Version of the plugin protocol (this module plus the quantity protocol)."""
+
+LIVE_PLOT_SINK = "live_plot"
+"""The sink ``Cockpit(live_plot=PATH, live_every=N)`` builds, with options ``path`` and
+``every``: a picture of the dashboard refreshed while training runs. A plugin that draws
+dashboards registers it (cockpit-dashboard does)."""
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -75,7 +82,7 @@ class RegisterInstrument(Protocol):
     """``register`` of :func:`register_instruments`: ``register(Instrument(...))``."""
 
     def __call__(self, instrument: Instrument, /) -> None:
-        """Register one :class:`~cockpit_core.dashboard.Instrument` (a dashboard panel)."""
+        """Register one :class:`~cockpit_core.instrument.Instrument` (a dashboard panel)."""
 
 
 class RegisterSink(Protocol):
@@ -112,6 +119,26 @@ class RegisterDiagnosis(Protocol):
         """Register one :class:`~cockpit_core.diagnosis.Diagnosis` subclass."""
 
 
+class RegisterRenderer(Protocol):
+    """``register`` of :func:`register_renderers`: ``register(suffix, render, description="")``."""
+
+    def __call__(self, suffix: str, render: Callable[..., Any], description: str = "") -> None:
+        """Register ``render(source, path, **options)`` for files ending in ``suffix``."""
+
+
+class RegisterCommand(Protocol):
+    """``register`` of :func:`register_commands`: ``register(name, configure, run, help="")``."""
+
+    def __call__(
+        self,
+        name: str,
+        configure: Callable[[argparse.ArgumentParser], None],
+        run: Callable[[argparse.Namespace], int | None],
+        help: str = "",
+    ) -> None:
+        """Register the sub-command ``cockpit NAME``."""
+
+
 REGISTER_PROTOCOLS: dict[str, type] = {
     "register_quantities": RegisterQuantity,
     "register_presets": RegisterPreset,
@@ -120,6 +147,8 @@ REGISTER_PROTOCOLS: dict[str, type] = {
     "register_statistic_providers": RegisterStatisticProvider,
     "register_statistic_kinds": RegisterStatisticKind,
     "register_diagnoses": RegisterDiagnosis,
+    "register_renderers": RegisterRenderer,
+    "register_commands": RegisterCommand,
 }
 """The type of each hook's ``register`` argument, by hook name."""
 
@@ -160,7 +189,7 @@ def register_instruments(register: RegisterInstrument) -> None:
     """Register dashboard instruments (panels) for this plugin's quantities.
 
     Call ``register(Instrument(...))`` once per panel, with a
-    :class:`cockpit_core.dashboard.Instrument`: a unique ``name``, a ``title``, a ``topic``
+    :class:`cockpit_core.instrument.Instrument`: a unique ``name``, a ``title``, a ``topic``
     (``"step size"``, ``"gradient"``, ``"curvature"``, ``"performance"`` or a topic of the
     plugin's own, which gets its own column), the quantity names it needs and a function
     ``draw(ax, output, header)``. The dashboard draws a panel only when its quantities were
@@ -240,6 +269,42 @@ def register_diagnoses(register: RegisterDiagnosis) -> None:
     """
 
 
+# -- how runs are shown -----------------------------------------------------------------------
+
+
+@hookspec
+def register_renderers(register: RegisterRenderer) -> None:
+    """Register renderers: what draws the runs' values into a file of one type.
+
+    Call ``register(suffix, render, description="")`` once per file type (``".png"``,
+    ``".html"``). ``render(source, path, **options)`` draws ``source`` (a
+    :class:`~cockpit_core.Cockpit`, a log path, or a list of them to compare, a colour per
+    run) into ``path`` and returns it; with ``path=None`` it returns what it drew (e.g. a
+    matplotlib figure). ``Cockpit.plot(path)`` and ``cockpit plot LOG -o PATH`` pick the
+    renderer by the suffix of ``path``. Import the drawing library inside ``render``, not at
+    module level: discovery must stay fast.
+
+    Added in cockpit-core 0.3 (protocol version 1).
+    """
+
+
+@hookspec
+def register_commands(register: RegisterCommand) -> None:
+    """Register sub-commands of the ``cockpit`` command line.
+
+    Call ``register(name, configure, run, help="")`` once per command. ``configure(parser)``
+    adds the command's arguments to its :class:`argparse.ArgumentParser` (and may set its
+    ``description``, shown by ``--help`` instead of ``help``); ``run(args)`` runs
+    it with the parsed arguments and returns the exit code (``None`` counts as 0). A
+    :class:`~cockpit_core.errors.CockpitError` it raises is printed as a message with exit
+    code 1, as for the core's own commands. A name of :data:`cockpit_core.cli.CORE_COMMANDS` cannot be taken.
+    Import heavy modules inside ``run``: plugins are loaded when the command line names a
+    command that is not the core's.
+
+    Added in cockpit-core 0.3 (protocol version 1).
+    """
+
+
 HOOK_NAMES: tuple[str, ...] = (
     "register_quantities",
     "register_presets",
@@ -248,6 +313,8 @@ HOOK_NAMES: tuple[str, ...] = (
     "register_statistic_providers",
     "register_statistic_kinds",
     "register_diagnoses",
+    "register_renderers",
+    "register_commands",
 )
 """All hook names, in documentation order (meta-tests check docs and tests cover each)."""
 

@@ -34,7 +34,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from cockpit_core.errors import ConfigError
-from cockpit_core.name_table import check_named_class
+from cockpit_core.plugin.name_table import check_named_class
 from cockpit_core.requirements import NO_REQUIREMENTS, Requirements
 from cockpit_core.schedules import EveryN, Schedule, ScheduleFn, as_schedule_fn
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cockpit_core.hvp import HessianVectorProducts
-from cockpit_core.mixed_precision import float_dtype
+from cockpit_core.engine.hvp import HessianVectorProducts
+from cockpit_core.engine.mixed_precision import float_dtype
 
 
 class StepData:

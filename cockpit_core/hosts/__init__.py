@@ -9,8 +9,8 @@ every host needs, and the two first-party hosts use:
   backward pass reaches, the batch size of a batch;
 - :mod:`cockpit_core.hosts.per_sample`: per-sample losses (``info["individual_losses"]``)
   from the model's outputs and the targets, checked against the framework's own loss;
-- :mod:`cockpit_core.hosts.reporting`: a Cockpit's scalars, findings and dashboard image
-  for a framework's loggers.
+- :mod:`cockpit_core.hosts.reporting`: a Cockpit's scalars and findings for a framework's
+  loggers (the dashboard as an image is cockpit-dashboard's ``dashboard_image``).
 
 None of them imports a framework. The hosts themselves are distributions of their own:
 ``cockpit-lightning`` (``from cockpit_lightning import CockpitCallback``) and

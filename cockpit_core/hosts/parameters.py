@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from cockpit_core.cockpit import Cockpit
+from cockpit_core.engine.cockpit import Cockpit
 
 
 def optimizer_parameter_ids(optimizer: Any) -> set[int]:

@@ -8,9 +8,9 @@ micro-batch ``k`` of ``B_k`` samples, in a step of ``B`` samples, is
 
 so that the losses of a step's micro-batches add up to the mean of ``l_n`` over the step's
 samples and ``grad l_n`` is the per-sample gradient the statistics providers compute
-(``cockpit_core.accumulation``). A framework computes ``loss_k`` from the model's outputs,
+(``cockpit_core.engine.accumulation``). A framework computes ``loss_k`` from the model's outputs,
 the targets and its own normalization; :class:`LossMatcher` computes per-sample losses
-``p_n`` of a named loss (:mod:`cockpit_core.losses`) on the same outputs and targets,
+``p_n`` of a named loss (:mod:`cockpit_core.engine.losses`) on the same outputs and targets,
 checks once that their mean is the framework's loss of the micro-batch (so a label
 smoothing, class weights or a custom loss are never mistaken for a standard one), and
 :func:`scaled` turns them into ``l_n``.
@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cockpit_core.cockpit import Cockpit
+from cockpit_core.engine.cockpit import Cockpit
+from cockpit_core.engine.losses import PER_SAMPLE_LOSSES, logits_of, per_sample_loss
 from cockpit_core.errors import MisuseError
-from cockpit_core.losses import PER_SAMPLE_LOSSES, logits_of, per_sample_loss
 
 LossSpec = str | Callable[..., Tensor] | None
-"""``"auto"`` (found from the outputs and targets), a name of :mod:`cockpit_core.losses`,
+"""``"auto"`` (found from the outputs and targets), a name of :mod:`cockpit_core.engine.losses`,
 a callable ``loss(outputs, targets) -> [B]`` or ``None`` (never computed)."""
 
 NORMALIZED = ("causal_lm", "cross_entropy")

@@ -1,4 +1,4 @@
-"""Hand a Cockpit's values to a framework's loggers: scalar dicts and a dashboard image.
+"""Hand a Cockpit's values to a framework's loggers: scalar dicts and findings.
 
 :class:`ScalarReporter` is a Cockpit sink (``sink(record)``) that turns each ``values``
 record into ``{tag: float}`` with the tag names of every other tracker sink
@@ -8,7 +8,8 @@ record into ``{tag: float}`` with the tag names of every other tracker sink
 ``log``. :class:`FindingReporter` hands each new finding of the Cockpit's diagnoses to the
 host (its warning or logging utility) and the number of findings so far by severity to
 ``emit``. :class:`Headline` keeps a few headline values for a one-line console summary.
-:func:`dashboard_image` renders the dashboard as an RGB array for loggers that take images.
+The dashboard as an image for loggers that take images is cockpit-dashboard's
+(:func:`cockpit_dashboard.image.dashboard_image`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from cockpit_core.cockpit import Cockpit
 from cockpit_core.diagnosis import SEVERITIES, Finding
+from cockpit_core.engine.cockpit import Cockpit
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.scalars import Scalar, TagMap
 
@@ -225,29 +224,3 @@ class FindingReporter:
                 CockpitWarning,
                 stacklevel=2,
             )
-
-
-def dashboard_image(cp: Cockpit, dpi: int = 60) -> np.ndarray | None:
-    """The dashboard of ``cp`` as ``uint8[height, width, 3]`` (RGB); ``None`` if it fails.
-
-    A failure (no values yet, a plotting error) warns and returns ``None``: a picture is
-    never worth stopping the end of training.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from cockpit_core.dashboard import render
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a failing panel is shown in the picture
-            figure = render(cp, None, dpi=dpi)
-        canvas = FigureCanvasAgg(figure)
-        canvas.draw()
-        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-    except Exception as err:  # plotting must not fail the training run
-        warnings.warn(
-            f"cockpit: the dashboard image could not be drawn: {err} ({type(err).__name__})",
-            CockpitWarning,
-            stacklevel=2,
-        )
-        return None

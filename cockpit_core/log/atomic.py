@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import cockpit_core.log.format as log_format
-from cockpit_core.atomic_file import atomic_write
 from cockpit_core.errors import CockpitWarning
+from cockpit_core.log.atomic_file import atomic_write
 from cockpit_core.log.encode import dumps
 
 

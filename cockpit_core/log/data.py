@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cockpit_core.metrics import METRICS_KEY, metrics_of
+from cockpit_core.engine.metrics import METRICS_KEY, metrics_of
 
 
 @dataclass
@@ -48,7 +48,7 @@ class LogData:
             training (every run, in file order, the last record of each id; see
             ``docs/diagnoses.md``).
         cost: The ``cost`` records (what cockpit cost at each tracked step, see
-            :mod:`cockpit_core.cost`), by run in file order, except those of steps that a
+            :mod:`cockpit_core.engine.cost`), by run in file order, except those of steps that a
             later run recorded again.
 
     """

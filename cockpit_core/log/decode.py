@@ -24,13 +24,13 @@ import numpy as np
 
 import cockpit_core.log.format as log_format
 from cockpit_core.errors import CockpitError
-from cockpit_core.log.encode import _short_repr
+from cockpit_core.log.encode import short_repr
 from cockpit_core.log.format import (
-    _ALLOWED_MARKERS,
-    _NDARRAY_KEYS,
-    _SAFE_DTYPES,
-    _is_marker,
-    _unescape,
+    ALLOWED_MARKERS,
+    NDARRAY_KEYS,
+    SAFE_DTYPES,
+    is_marker,
+    unescape,
 )
 
 _MAX_INT_DIGITS = 300  # integer literals the reader accepts (cockpit writes at most 20)
@@ -52,7 +52,7 @@ class UnsafeLogError(LogFormatError):
     """A log file contains an entry that would import or build arbitrary objects."""
 
 
-class _Budget:
+class Budget:
     """Bytes the arrays of one read may still decode to (see :data:`MAX_DECODED_BYTES`)."""
 
     def __init__(self, max_decoded_bytes: int | None = None) -> None:
@@ -165,14 +165,14 @@ def _decode_bytes(data: str, entry: dict, dtype: np.dtype, shape: list[int]) -> 
     return array.reshape(shape, order=order).astype(dtype)
 
 
-def _decode_array(entry: dict, max_elements: int, budget: _Budget) -> Any:
+def _decode_array(entry: dict, max_elements: int, budget: Budget) -> Any:
     dtype = entry.get("dtype")
-    if not isinstance(dtype, str) or dtype not in _SAFE_DTYPES:
+    if not isinstance(dtype, str) or dtype not in SAFE_DTYPES:
         raise UnsafeLogError(
             f"refusing numpy dtype {dtype!r:.60}: cockpit logs hold only numeric arrays "
-            f"({', '.join(sorted(_SAFE_DTYPES))}). Nothing from the file was imported or run."
+            f"({', '.join(sorted(SAFE_DTYPES))}). Nothing from the file was imported or run."
         )
-    extra = set(entry) - _NDARRAY_KEYS
+    extra = set(entry) - NDARRAY_KEYS
     if extra:
         raise UnsafeLogError(f"unexpected keys {sorted(extra)} in a numpy array entry.")
     data = entry["__ndarray__"]
@@ -239,15 +239,15 @@ def _decode_int(entry: dict) -> int:
 class _Hook:
     """The only decoding hook (``object_pairs_hook``): safe markers, unescaped keys."""
 
-    def __init__(self, max_elements: int, budget: _Budget):
+    def __init__(self, max_elements: int, budget: Budget):
         self.max_elements = max_elements
         self.budget = budget
 
     def __call__(self, pairs: list[tuple[str, Any]]) -> Any:
         marker = None
         for key, _ in pairs:
-            if _is_marker(key):
-                if key not in _ALLOWED_MARKERS:
+            if is_marker(key):
+                if key not in ALLOWED_MARKERS:
                     raise UnsafeLogError(
                         f"refusing to decode a '{key[:60]}' entry: cockpit logs hold only "
                         "numbers, strings and numeric arrays, so this file was not written by "
@@ -255,7 +255,7 @@ class _Hook:
                     )
                 marker = key
         if marker is None:
-            return {_unescape(k): v for k, v in pairs}
+            return {unescape(k): v for k, v in pairs}
         entry = dict(pairs)
         if "__ndarray__" in entry:
             return _decode_array(entry, self.max_elements, self.budget)
@@ -264,13 +264,13 @@ class _Hook:
         return _decode_int(entry)
 
 
-def _decode(text: str, max_elements: int, budget: _Budget | None = None) -> Any:
+def decode_value(text: str, max_elements: int, budget: Budget | None = None) -> Any:
     """Decode one JSON text safely; ``budget`` is that of the read it belongs to (or new).
 
     Syntax errors stay ``json.JSONDecodeError`` (a torn line), everything else that is
     wrong becomes :class:`LogFormatError` (or :class:`UnsafeLogError`).
     """
-    budget = _Budget() if budget is None else budget
+    budget = Budget() if budget is None else budget
     budget.credit(len(text))
     hook = _Hook(max_elements, budget)
     try:
@@ -286,7 +286,7 @@ def _decode(text: str, max_elements: int, budget: _Budget | None = None) -> Any:
         raise LogFormatError("out of memory while decoding it.") from None
     except Exception as err:  # noqa: BLE001 - any malformed input becomes LogFormatError
         raise LogFormatError(
-            f"malformed entry ({type(err).__name__}: {_short_repr(err, 200)})."
+            f"malformed entry ({type(err).__name__}: {short_repr(err, 200)})."
         ) from None
 
 
@@ -314,6 +314,6 @@ def loads(
     try:
         if isinstance(text, (bytes, bytearray)):
             text = bytes(text).decode("utf-8")
-        return _decode(text, limit, _Budget(max_decoded_bytes))
+        return decode_value(text, limit, Budget(max_decoded_bytes))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise LogFormatError(f"not valid JSON ({err}).") from None

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import cockpit_core.log.format as log_format
-from cockpit_core.log.format import _SAFE_DTYPES, _escape
+from cockpit_core.log.format import SAFE_DTYPES, escape
 
 _LONG = (np.dtype(np.longdouble), np.dtype(np.clongdouble))
 _RECORD_DEPTH = 4  # levels of a record above its values
@@ -44,7 +44,8 @@ def placeholder(reason: str) -> Placeholder:
 # -- cleaning: any value -> loggable data ---------------------------------------------------
 
 
-def _short_repr(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters; a failing ``__repr__`` is named, not raised."""
     try:
         text = repr(value)
     except Exception as err:  # noqa: BLE001 - a broken __repr__ must not stop the log
@@ -75,7 +76,7 @@ class _Cleaner:
         except Exception as err:  # noqa: BLE001 - the log must never fail on a value
             name = type(value).__name__
             return self._placeholder(
-                name, f"{name} that failed to convert ({type(err).__name__}: {_short_repr(err)})"
+                name, f"{name} that failed to convert ({type(err).__name__}: {short_repr(err)})"
             )
 
     def _clean(self, value: Any, depth: int) -> Any:
@@ -116,7 +117,7 @@ class _Cleaner:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return self._placeholder("bytes", f"{kind.__name__} of length {len(value)}")
         return self._placeholder(
-            f"type {kind.__qualname__}", f"{kind.__qualname__} object {_short_repr(value)}"
+            f"type {kind.__qualname__}", f"{kind.__qualname__} object {short_repr(value)}"
         )
 
     def _int(self, value: int) -> Any:
@@ -136,8 +137,8 @@ class _Cleaner:
                 name = self._placeholder("key", f"key of type {type(key).__name__}")
         if name in out:
             reason = (
-                f"key {_short_repr(key)} ({type(key).__name__}), which collides with another "
-                f"key written as {_short_repr(name)}"
+                f"key {short_repr(key)} ({type(key).__name__}), which collides with another "
+                f"key written as {short_repr(name)}"
             )
             name = self._placeholder("key", reason)
             i = 2
@@ -155,7 +156,7 @@ class _Cleaner:
     def _numpy_scalar(self, value: np.generic, depth: int) -> Any:
         if value.dtype.kind in "mMV":  # datetime, timedelta, structured
             return self._placeholder(
-                f"numpy {value.dtype}", f"numpy {value.dtype} scalar {_short_repr(value)}"
+                f"numpy {value.dtype}", f"numpy {value.dtype} scalar {short_repr(value)}"
             )
         if isinstance(value, np.bool_):
             return bool(value)
@@ -172,7 +173,7 @@ class _Cleaner:
         if isinstance(value, np.bytes_):
             return self._placeholder("bytes", f"bytes of length {len(value)}")
         return self._placeholder(
-            f"numpy {value.dtype}", f"numpy {value.dtype} scalar {_short_repr(value)}"
+            f"numpy {value.dtype}", f"numpy {value.dtype} scalar {short_repr(value)}"
         )
 
     def _array(self, value: np.ndarray, depth: int) -> Any:
@@ -187,7 +188,7 @@ class _Cleaner:
             )
         if value.ndim == 0:
             return self.clean(value[()], depth)
-        if value.dtype.name in _SAFE_DTYPES or value.dtype in _LONG:
+        if value.dtype.name in SAFE_DTYPES or value.dtype in _LONG:
             return value
         if value.dtype.kind in "OU":
             return self.clean(value.tolist(), depth)
@@ -317,7 +318,7 @@ def _array_json(array: np.ndarray) -> Any:
 def _to_json(value: Any) -> Any:
     """A cleaned value as JSON data (arrays, complex numbers, big ints as marker entries)."""
     if isinstance(value, dict):
-        return {_escape(k): _to_json(v) for k, v in value.items()}
+        return {escape(k): _to_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_to_json(v) for v in value]
     if isinstance(value, np.ndarray):
@@ -332,7 +333,7 @@ def _to_json(value: Any) -> Any:
     return value
 
 
-def _encode(value: Any) -> tuple[str, list[tuple[str, str]]]:
+def encode_value(value: Any) -> tuple[str, list[tuple[str, str]]]:
     """One JSON line for ``value`` and the placeholders made on the way; never raises.
 
     Records nest values a few levels deep (``values`` -> key, or ``output`` -> step -> key),
@@ -342,7 +343,7 @@ def _encode(value: Any) -> tuple[str, list[tuple[str, str]]]:
     try:
         text = json.dumps(_to_json(cleaner.clean(value)), allow_nan=True, separators=(",", ":"))
     except Exception as err:  # noqa: BLE001 - a last resort; cleaning should prevent it
-        reason = f"value that failed to encode ({type(err).__name__}: {_short_repr(err)})"
+        reason = f"value that failed to encode ({type(err).__name__}: {short_repr(err)})"
         fallback: Any = placeholder(reason)
         if isinstance(value, Mapping) and "kind" in value:
             fallback = {"kind": str(value["kind"]), "error": fallback}
@@ -355,4 +356,4 @@ def _encode(value: Any) -> tuple[str, list[tuple[str, str]]]:
 
 def dumps(value: Any) -> str:
     """Encode a value (a record) on one line; never raises (see :func:`clean_value`)."""
-    return _encode(value)[0]
+    return encode_value(value)[0]

@@ -52,26 +52,28 @@ MAX_PENDING_BYTES = 2**26
 PLACEHOLDER_PREFIX = "<unserializable: "
 """Every placeholder string starts with this."""
 
-_SAFE_DTYPES = frozenset(
+SAFE_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
     "complex64 complex128".split()
 )
-_ALLOWED_MARKERS = frozenset({"__ndarray__", "__complex__", "__int__"})
-_NDARRAY_KEYS = frozenset({"__ndarray__", "dtype", "shape", "Corder", "endian"})
-_RECORD_START = re.compile(rb'\s*\{\s*"kind"\s*:')
-_HEADER_START = re.compile(rb'\s*\{\s*"kind"\s*:\s*"header"')
+ALLOWED_MARKERS = frozenset({"__ndarray__", "__complex__", "__int__"})
+NDARRAY_KEYS = frozenset({"__ndarray__", "dtype", "shape", "Corder", "endian"})
+RECORD_START = re.compile(rb'\s*\{\s*"kind"\s*:')
+HEADER_START = re.compile(rb'\s*\{\s*"kind"\s*:\s*"header"')
 
 
-def _is_marker(key: str) -> bool:
+def is_marker(key: str) -> bool:
+    """Whether ``key`` has the shape of a type marker (``__ndarray__``, ...)."""
     return len(key) >= 4 and key.startswith("__") and key.endswith("__")
 
 
-def _escape(key: str) -> str:
+def escape(key: str) -> str:
     """Marker-like keys (``~*__x__``) get one more leading ``~``; others stay."""
-    return "~" + key if _is_marker(key.lstrip("~")) else key
+    return "~" + key if is_marker(key.lstrip("~")) else key
 
 
-def _unescape(key: str) -> str:
-    if key.startswith("~") and _is_marker(key.lstrip("~")):
+def unescape(key: str) -> str:
+    """The key :func:`escape` was given (one leading ``~`` of a marker-like key dropped)."""
+    if key.startswith("~") and is_marker(key.lstrip("~")):
         return key[1:]
     return key

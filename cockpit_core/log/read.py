@@ -24,8 +24,8 @@ import cockpit_core.log.format as log_format
 from cockpit_core.diagnosis import SEVERITIES as FINDING_SEVERITIES
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log.data import LogData, merge_runs
-from cockpit_core.log.decode import LogFormatError, _Budget, _decode
-from cockpit_core.log.format import _RECORD_START
+from cockpit_core.log.decode import Budget, LogFormatError, decode_value
+from cockpit_core.log.format import RECORD_START
 
 
 def _limits(max_line_bytes: int | None, max_array_elements: int | None) -> tuple[int, int]:
@@ -87,7 +87,7 @@ def check_record(record: Any) -> str | None:
 
 
 def decode_record(
-    line: bytes | str, max_elements: int | None = None, budget: _Budget | None = None
+    line: bytes | str, max_elements: int | None = None, budget: Budget | None = None
 ) -> dict[str, Any]:
     """One line of a JSON Lines log as a checked record: the one decoder of every reader.
 
@@ -105,7 +105,7 @@ def decode_record(
     if max_elements is None:
         max_elements = log_format.MAX_ARRAY_ELEMENTS
     text = line.decode("utf-8") if isinstance(line, (bytes, bytearray)) else line
-    record = _decode(text, max_elements, budget)
+    record = decode_value(text, max_elements, budget)
     problem = check_record(record)
     if problem is not None:
         raise LogFormatError(problem)
@@ -117,7 +117,7 @@ def _iter_records(
     path: Path,
     max_line_bytes: int,
     max_elements: int,
-    budget: _Budget,
+    budget: Budget,
     skipped: list[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Every complete record (checked); a torn last line is skipped with a warning.
@@ -199,7 +199,7 @@ def read_records(
     path = Path(path)
     line_limit, elements = _limits(max_line_bytes, max_array_elements)
     with open(path, "rb") as f:
-        return list(_iter_records(f, path, line_limit, elements, _Budget(max_decoded_bytes)))
+        return list(_iter_records(f, path, line_limit, elements, Budget(max_decoded_bytes)))
 
 
 def _is_quantity_entry(entry: Any) -> bool:
@@ -270,7 +270,7 @@ def _from_consolidated(data: Any, path: Path) -> LogData:
 
 
 def _read_consolidated(
-    f: IO[bytes], path: Path, line_limit: int, elements: int, budget: _Budget
+    f: IO[bytes], path: Path, line_limit: int, elements: int, budget: Budget
 ) -> LogData:
     f.seek(0)
     raw = f.read(line_limit + 1)
@@ -281,7 +281,7 @@ def _read_consolidated(
         )
     lines = raw.count(b"\n", 0, len(raw.rstrip())) + 1
     try:
-        data = _decode(raw.decode("utf-8"), elements, budget)
+        data = decode_value(raw.decode("utf-8"), elements, budget)
     except json.JSONDecodeError as err:
         raise LogFormatError(
             f"{path}, line {err.lineno}: not valid JSON ({err.msg}); a file cut short, or not "
@@ -331,7 +331,7 @@ def read_run(
     if not path.is_file():
         raise FileNotFoundError(f"no log file at {path}")
     line_limit, elements = _limits(max_line_bytes, max_array_elements)
-    new_budget = functools.partial(_Budget, max_decoded_bytes)  # one for each pass
+    new_budget = functools.partial(Budget, max_decoded_bytes)  # one for each pass
     with open(path, "rb") as f:
         first, number = b"", 0
         while not first.strip():
@@ -340,11 +340,11 @@ def read_run(
                 raise _not_a_log(path, "is empty or blank")
         if not first.lstrip().startswith(b"{"):
             raise _not_a_log(path, "does not start with a JSON object")
-        if not _RECORD_START.match(first):
+        if not RECORD_START.match(first):
             if len(first) > line_limit and not first.endswith(b"\n"):
                 return _read_consolidated(f, path, line_limit, elements, new_budget())
             try:
-                single = _decode(first.decode("utf-8"), elements, new_budget())
+                single = decode_value(first.decode("utf-8"), elements, new_budget())
             except (json.JSONDecodeError, UnicodeDecodeError):  # pretty-printed or cut short
                 return _read_consolidated(f, path, line_limit, elements, new_budget())
             except LogFormatError as err:

@@ -66,7 +66,7 @@ def join(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
 
-def _number(value: Any) -> float | None:
+def real_number(value: Any) -> float | None:
     """The value as a float if it is a real number (bools as 0/1), else ``None``."""
     if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
         try:
@@ -144,7 +144,7 @@ class TagMap:
         """The events of one ``values`` record, ``{key: value}``."""
         for key, value in values.items():
             key = str(key)
-            seconds = _number(value)
+            seconds = real_number(value)
             if key in self.time_keys and seconds is not None and math.isfinite(seconds):
                 origin = self._time_origin.setdefault(key, seconds)
                 yield Scalar(self.tag(key), seconds - origin)  # float64 difference
@@ -157,12 +157,12 @@ class TagMap:
         Only real numbers (not booleans) become scalars.
         """
         for name, value in metrics.items():
-            number = None if isinstance(value, (bool, np.bool_)) else _number(value)
+            number = None if isinstance(value, (bool, np.bool_)) else real_number(value)
             if number is not None:
                 yield Scalar(self.tag("metrics", str(name)), number)
 
     def _value(self, tag: str, value: Any) -> Iterator[Scalar | Histogram]:
-        number = _number(value)
+        number = real_number(value)
         if number is not None:
             yield Scalar(tag, number)
         elif isinstance(value, Mapping):
@@ -195,7 +195,7 @@ class TagMap:
     def _per_param(self, tag: str, values: Any, fields: set[str]) -> Iterator[Scalar]:
         if not isinstance(values, (np.ndarray, Sequence)) or isinstance(values, str):
             return
-        numbers = [_number(v) for v in values]
+        numbers = [real_number(v) for v in values]
         tags = self._names(len(numbers), fields, tag)
         if tags is None or any(v is None for v in numbers):
             return

@@ -21,9 +21,9 @@ from typing import IO, Any
 
 import cockpit_core.log.format as log_format
 from cockpit_core.errors import CockpitWarning
-from cockpit_core.log.decode import LogFormatError, _decode
-from cockpit_core.log.encode import _encode, placeholder
-from cockpit_core.log.format import _HEADER_START, _RECORD_START, _unescape
+from cockpit_core.log.decode import LogFormatError, decode_value
+from cockpit_core.log.encode import encode_value, placeholder
+from cockpit_core.log.format import HEADER_START, RECORD_START, unescape
 from cockpit_core.log.lock import lock_log, unlock_log
 
 
@@ -150,7 +150,7 @@ class LogWriter:
         if tail.strip() and len(tail) <= log_format.MAX_LINE_BYTES:
             try:
                 complete = isinstance(
-                    _decode(tail.decode("utf-8"), log_format.MAX_ARRAY_ELEMENTS), dict
+                    decode_value(tail.decode("utf-8"), log_format.MAX_ARRAY_ELEMENTS), dict
                 )
             except (json.JSONDecodeError, UnicodeDecodeError):
                 complete = False
@@ -201,11 +201,11 @@ class LogWriter:
         self._maybe_fsync()
 
     def _line(self, record: Mapping[str, Any]) -> bytes:
-        return (_encode(record)[0] + "\n").encode("utf-8")
+        return (encode_value(record)[0] + "\n").encode("utf-8")
 
     def _lines(self, record: dict[str, Any]) -> list[bytes]:
         """The record's line, smaller values replacing too large ones (with error records)."""
-        text, notes = _encode(record)
+        text, notes = encode_value(record)
         for category, note in notes:
             if category not in self._warned:
                 self._warned.add(category)
@@ -234,7 +234,7 @@ class LogWriter:
         lines = [(json.dumps(data, allow_nan=True, separators=(",", ":")) + "\n").encode()]
         step = record.get("step")
         for key in replaced:
-            error = {"kind": "error", "step": step, "quantity": _unescape(key)}
+            error = {"kind": "error", "step": step, "quantity": unescape(key)}
             error.update(phase="serialize", error=f"UnserializableValue: {target[key]}")
             lines.append(self._line({**error, "traceback": []}))
         warnings.warn(
@@ -446,11 +446,11 @@ def _last_run(f: IO[bytes]) -> int:
     """The highest run number in a log (headers without ``run`` count 1, 2, ...)."""
     headers = last = 0
     for line in f:
-        if _HEADER_START.match(line):
+        if HEADER_START.match(line):
             headers += 1
             run = None
             with contextlib.suppress(Exception):
-                run = _decode(line.decode("utf-8"), log_format.MAX_ARRAY_ELEMENTS).get("run")
+                run = decode_value(line.decode("utf-8"), log_format.MAX_ARRAY_ELEMENTS).get("run")
             last = max(last, run if type(run) is int else headers)
     return max(last, headers, 1)
 
@@ -499,7 +499,7 @@ def check_log_path(path: str | Path) -> None:
                 raise _not_regular(path, mode)
             head = f.read(64)
         torn_start = b"\n" not in head and b'{"kind":'.startswith(head.strip()[:8])
-        if head and not _RECORD_START.match(head) and not torn_start:
+        if head and not RECORD_START.match(head) and not torn_start:
             raise LogFormatError(
                 f"{path} exists and is not a cockpit JSON Lines log (it does not start with a "
                 "record); cockpit never overwrites a file: choose another log path, or move "

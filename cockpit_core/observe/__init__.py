@@ -24,7 +24,7 @@ Forward passes without gradients (evaluation under ``torch.no_grad()``), the pas
 statistics providers run themselves (``torch.func`` transforms, :meth:`paused`) and passes
 of a copy of the model are ignored. When a step begins, :meth:`ForwardObserver.take` turns
 the last forward pass since the previous take into ``info`` entries, and says for each
-entry it could not fill why not; the per-sample losses (:mod:`cockpit_core.losses`) are
+entry it could not fill why not; the per-sample losses (:mod:`cockpit_core.engine.losses`) are
 computed only then, and only if the step needs them.
 
 Modules: :mod:`~cockpit_core.observe.keys` (the ``info`` keys observed, and what to pass

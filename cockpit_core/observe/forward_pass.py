@@ -44,7 +44,7 @@ class ForwardPass:
         inputs_note: Why ``inputs`` is ``None``.
         targets: The targets found in the call, or ``None``.
         outputs: What the model returned (set when the pass ends).
-        scores: The tensor of scores in ``outputs`` (:func:`~cockpit_core.losses.logits_of`).
+        scores: The tensor of scores in ``outputs`` (:func:`~cockpit_core.engine.losses.logits_of`).
         finished: Whether the pass returned.
         module_calls: Calls of the loss module after the pass.
         caught: Functional loss calls on its output.

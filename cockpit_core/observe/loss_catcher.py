@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from cockpit_core.losses import CAUGHT_FUNCTIONALS
+from cockpit_core.engine.losses import CAUGHT_FUNCTIONALS
 from cockpit_core.observe.forward_pass import ForwardPass, LossCall
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cockpit_core.losses import PER_SAMPLE_LOSSES, module_equivalent, per_sample_loss
+from cockpit_core.engine.losses import PER_SAMPLE_LOSSES, module_equivalent, per_sample_loss
 
 LOSS_NAMES = ", ".join(f"'{n}'" for n in PER_SAMPLE_LOSSES)
 """The named per-sample losses, for messages."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cockpit_core.losses import call_losses, logits_of, module_losses
+from cockpit_core.engine.losses import call_losses, logits_of, module_losses
 from cockpit_core.observe.forward_pass import (
     TARGET_NAMES,
     ForwardPass,

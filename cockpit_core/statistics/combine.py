@@ -1,8 +1,8 @@
 """Combining a statistic's values of disjoint sets of samples, by its kind's ``combine`` rule.
 
 The same rule serves blocks of samples of one layer (:mod:`cockpit_core.statistics.reduce`),
-micro-batches of gradient accumulation (:mod:`cockpit_core.accumulation`) and, through one
-all-reduce, ``torch.distributed`` processes (:mod:`cockpit_core.distributed`).
+micro-batches of gradient accumulation (:mod:`cockpit_core.engine.accumulation`) and, through one
+all-reduce, ``torch.distributed`` processes (:mod:`cockpit_core.distributed.batch`).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map
 
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 from cockpit_core.errors import MissingInfoError, MisuseError
 from cockpit_core.statistics import mean_check
 from cockpit_core.statistics.kinds import StatisticKind

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from cockpit_core.loop_checks import gradient_precision
+from cockpit_core.engine.loop_checks import gradient_precision
 
 STRICTEST = 1e-8
 """The smallest :func:`tolerance`: residuals below it need no precision check (no sync)."""
@@ -82,7 +82,7 @@ def tolerance(grad: Tensor, autocast: torch.dtype | None = None) -> float:
     by the ratio of per-sample gradient norms to the norm of their mean). float32: 1e-3 as
     for the module hooks' completeness check, 1e-2 on a GPU that may run float32 matmuls
     and convolutions in TF32 (10 mantissa bits). bfloat16/float16 gradients (``autocast``,
-    detected by :func:`~cockpit_core.loop_checks.gradient_precision`, or under
+    detected by :func:`~cockpit_core.engine.loop_checks.gradient_precision`, or under
     ``autocast``): 4 unit roundoffs, at least 3e-2. Another network's per-sample gradients (other dropout masks) miss by a
     fraction of the gradient's size, far above these.
     """

@@ -6,7 +6,7 @@ known only after ``backward()`` returned. A provider therefore leaves the per-sa
 gradients of such a statistic in their compact form (a
 :class:`~cockpit_core.statistics.per_sample.PerSampleGrads`, or a :class:`DeferredConcat`
 of several micro-batches), and the core projects them once the final gradient is known
-(:func:`resolve_projections`; :mod:`cockpit_core.distributed_gradient` under DDP).
+(:func:`resolve_projections`; :mod:`cockpit_core.distributed.gradient` under DDP).
 """
 
 from __future__ import annotations

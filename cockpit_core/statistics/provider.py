@@ -248,7 +248,7 @@ class StatisticProvider:
         """Make ``module`` observable by this provider before it is first run (default: as is).
 
         Called on every installed provider (:meth:`Registry.prepare_module
-        <cockpit_core.registry.Registry.prepare_module>`) where cockpit builds modules for a
+        <cockpit_core.plugin.registry.Registry.prepare_module>`) where cockpit builds modules for a
         run itself: the loss module of ``cockpit check``'s sample batch and the tiny
         problems of the plugin authors' kit (:mod:`cockpit_core.testing.problems`).
         BackPACK's provider extends the module there. Return a module computing the same

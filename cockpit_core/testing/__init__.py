@@ -47,7 +47,7 @@ from cockpit_core.testing.conformance import ConformanceError, check_quantity
 from cockpit_core.testing.instrument_checks import check_instrument
 from cockpit_core.testing.plugin_checks import PluginReport, check_plugin
 from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
-from cockpit_core.testing.providers import ProviderReport, check_provider
+from cockpit_core.testing.providers.kit import ProviderReport, check_provider
 from cockpit_core.testing.runner import RunResult, StepSnapshot, run_cockpit
 from cockpit_core.testing.transformer import tiny_transformer
 

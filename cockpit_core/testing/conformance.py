@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.config import config_json_schema
+from cockpit_core.config.files import config_json_schema
 from cockpit_core.errors import ConfigError, MissingInfoError
 from cockpit_core.log import dumps, loads
+from cockpit_core.plugin.registry import Registry
 from cockpit_core.quantity import Quantity, check_quantity_class
-from cockpit_core.registry import Registry
 from cockpit_core.schedules import ExplicitSteps
 from cockpit_core.testing.problems import Problem, tiny_mlp
 from cockpit_core.testing.runner import run_cockpit

@@ -15,7 +15,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from cockpit_core.diagnosis import Diagnosis, Finding, Window, check_diagnosis_class
-from cockpit_core.registry import Registry
+from cockpit_core.plugin.registry import Registry
 from cockpit_core.testing.conformance import ConformanceError
 from cockpit_core.testing.problems import tiny_mlp
 from cockpit_core.testing.runner import run_cockpit

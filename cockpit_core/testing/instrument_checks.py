@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cockpit_core.dashboard.planning import Panel, load, panel_output, plan
+from cockpit_core.engine.metrics import METRICS_KEY
 from cockpit_core.instrument import Instrument
 from cockpit_core.log import LogData, read_run
-from cockpit_core.metrics import METRICS_KEY
-from cockpit_core.registry import Registry, default_registry
+from cockpit_core.panel.planning import Panel, load, panel_output, plan
+from cockpit_core.plugin.registry import Registry, default_registry
 from cockpit_core.testing.conformance import ConformanceError
 from cockpit_core.testing.problems import Problem, tiny_mlp
 from cockpit_core.testing.runner import run_cockpit
@@ -59,7 +59,7 @@ def check_instrument(
     (warnings are errors here), on the output in memory and as read back from the log.
 
     Args:
-        instrument: The :class:`~cockpit_core.dashboard.Instrument`, or a function (or
+        instrument: The :class:`~cockpit_core.instrument.Instrument`, or a function (or
             class) that returns one when called without arguments.
         quantities: What the sample run tracks: names, dicts, classes or instances as
             ``Cockpit`` takes them (default: the instrument's quantities by name, from
@@ -106,7 +106,7 @@ def _resolve(instrument: Any) -> Instrument:
     if not isinstance(made, Instrument):
         raise ConformanceError(
             f"{getattr(instrument, '__name__', instrument)!r}() returned "
-            f"{type(made).__name__}, not a cockpit_core.dashboard.Instrument."
+            f"{type(made).__name__}, not a cockpit_core.instrument.Instrument."
         )
     return made
 

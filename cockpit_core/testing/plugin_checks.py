@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cockpit_core.config_quantities import resolve_quantities
+from cockpit_core.config.quantities import resolve_quantities
 from cockpit_core.errors import CockpitError
-from cockpit_core.plugins import PluginInfo
-from cockpit_core.registry import Registry
+from cockpit_core.plugin.discovery import PluginInfo
+from cockpit_core.plugin.registry import Registry
 from cockpit_core.statistics.func import FuncProvider
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
 from cockpit_core.testing.diagnosis_checks import check_diagnosis
 from cockpit_core.testing.instrument_checks import check_instrument
 from cockpit_core.testing.problems import tiny_mlp
-from cockpit_core.testing.providers import check_provider
+from cockpit_core.testing.providers.kit import check_provider
 from cockpit_core.testing.runner import run_cockpit
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from cockpit_core.registry import default_registry
+from cockpit_core.plugin.registry import default_registry
 
 
 def prepared(module: torch.nn.Module) -> torch.nn.Module:
@@ -17,7 +17,7 @@ def prepared(module: torch.nn.Module) -> torch.nn.Module:
     Without a known model (``Cockpit(model.named_parameters(), ...)``) cockpit computes
     per-sample statistics with BackPACK, and curvature diagonals always need it; modules
     prepared here work with it, and with every other provider once the model is known
-    (:meth:`Registry.prepare_module <cockpit_core.registry.Registry.prepare_module>`).
+    (:meth:`Registry.prepare_module <cockpit_core.plugin.registry.Registry.prepare_module>`).
     """
     return default_registry().prepare_module(module)
 

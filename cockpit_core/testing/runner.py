@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from cockpit_core.cockpit import Cockpit
-from cockpit_core.registry import Registry
+from cockpit_core.engine.cockpit import Cockpit
+from cockpit_core.plugin.registry import Registry
 from cockpit_core.testing.problems import Problem
 
 

@@ -1,7 +1,7 @@
 """``torch.compile``: exact statistics, no recompilation by cockpit, Hessian products work.
 
 While a tracked forward pass is coming, cockpit runs compiled code eagerly
-(``torch.compiler.set_stance("force_eager")``, :mod:`cockpit_core.compiled`), so hooks,
+(``torch.compiler.set_stance("force_eager")``, :mod:`cockpit_core.engine.compiled`), so hooks,
 ``TorchFunctionMode``s and double backward see the model's own Python code; untracked
 steps run the compiled graph with no hook installed. The checks: the statistics of a
 compiled nanoGPT equal those of the same model uncompiled (same float64 arithmetic, same

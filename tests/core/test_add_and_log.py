@@ -149,7 +149,7 @@ def test_the_log_records_which_quantity_was_added_at_which_step(tmp_path):
     assert written.header["quantities"] == data.header["quantities"]
     assert_same(written.output, data.output)
     # the dashboard finds the label of the added quantity through the header
-    from cockpit_core.dashboard import plan
+    from cockpit_dashboard import plan
 
     titles = [p.title for p in plan(data).panels]
     assert "Gradient norm [gn]" in titles

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cockpit_core import Cockpit
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 from cockpit_core.testing.models import NanoGPT, tiny_gpt2
 
 B, T, V = 4, 8, 40

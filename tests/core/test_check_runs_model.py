@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cockpit_core import Cockpit, MisuseError, Registry, hookimpl
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 from cockpit_core.statistics.func import FuncProvider
 
 

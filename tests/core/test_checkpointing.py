@@ -34,7 +34,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from cockpit_core import Cockpit, CockpitWarning
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 from cockpit_core.testing.reference import flat, per_sample_gradients_from_losses
 
 VOCAB, SEQ, WIDTH, HEADS, LAYERS, BATCH = 7, 6, 8, 2, 2, 4
@@ -325,7 +325,7 @@ def _raise(grad: torch.Tensor) -> None:
 
 
 def test_a_reentrant_checkpoint_is_recognized_in_the_graph_whatever_the_message():
-    from cockpit_core.hvp import _through_reentrant_checkpoint
+    from cockpit_core.engine.hvp import _through_reentrant_checkpoint
 
     x = torch.ones(3, requires_grad=True)
     through = checkpoint(torch.sin, x, use_reentrant=True).sum()

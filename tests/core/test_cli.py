@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 
 
 def test_plugins_lists_distributions_versions_and_state(capsys):
@@ -98,7 +98,7 @@ def test_validate_checks_sinks_without_building_them(tmp_path, capsys):
 
 def test_plugins_lists_sinks_providers_and_conflicts(fake_distribution, monkeypatch, capsys):
     from cockpit_core import Registry
-    from cockpit_core import registry as registry_module
+    from cockpit_core.plugin import registry as registry_module
 
     fake_distribution(
         "fakeplug-tb",
@@ -128,7 +128,7 @@ def test_plugins_lists_sinks_providers_and_conflicts(fake_distribution, monkeypa
 
 
 def test_an_os_error_is_a_message_and_exit_code_1(monkeypatch, capsys):
-    from cockpit_core import cli_commands
+    from cockpit_core.cli import commands as cli_commands
 
     def broken(args):
         raise OSError("No space left on device")
@@ -164,7 +164,8 @@ def test_demo_rejects_bad_arguments_before_creating_the_run_folder(tmp_path, cap
 
 
 def test_run_demo_checks_its_arguments_before_creating_the_run_folder(tmp_path):
-    from cockpit_core.demo import run_demo
+    from cockpit_demo.training import run_demo
+
     from cockpit_core.errors import ConfigError
 
     with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
@@ -178,7 +179,7 @@ def test_check_imports_the_model_module_from_the_current_directory(tmp_path):
     # started like the console script: sys.path[0] is the script's folder, not the cwd
     launcher = tmp_path / "bin" / "cockpit_launcher.py"
     launcher.parent.mkdir()
-    launcher.write_text("import sys\nfrom cockpit_core.cli import main\nsys.exit(main())\n")
+    launcher.write_text("import sys\nfrom cockpit_core.cli.main import main\nsys.exit(main())\n")
     project = tmp_path / "project"
     project.mkdir()
     (project / "models.py").write_text(
@@ -202,9 +203,9 @@ def test_demo_progress_is_lines_without_carriage_returns_when_stderr_is_no_termi
     tmp_path, capsys, monkeypatch
 ):
     pytest.importorskip("sklearn")
-    from cockpit_core import demo
+    from cockpit_demo import training
 
-    monkeypatch.setattr(demo, "_plot", lambda cp, path, title: None)  # not needed here
+    monkeypatch.setattr(training, "_plot", lambda cp, path, title: None)  # not needed here
     assert main(["demo", "--steps", "5", "--out", str(tmp_path / "run"), "--preset", "loss"]) == 0
     err = capsys.readouterr().err  # captured: not a terminal
     assert "\r" not in err
@@ -214,7 +215,7 @@ def test_demo_progress_is_lines_without_carriage_returns_when_stderr_is_no_termi
 
 def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
     pytest.importorskip("tqdm")
-    from cockpit_core.demo import progress
+    from cockpit_demo.training import progress
 
     class Terminal(io.StringIO):
         def isatty(self):

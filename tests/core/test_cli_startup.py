@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cockpit_core.cli import build_parser, main
+from cockpit_core.cli.main import build_parser, main
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "cockpit_core"
 
@@ -22,7 +22,7 @@ import argparse, sys, types
 package = types.ModuleType("cockpit_core")  # a bare package: the real __init__ imports torch
 package.__path__ = [sys.argv[1]]
 sys.modules["cockpit_core"] = package
-from cockpit_core.cli import build_parser, main
+from cockpit_core.cli.main import build_parser, main
 
 (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
 for argv in [["--help"], ["--version"]] + [[name, "--help"] for name in commands.choices]:
@@ -100,7 +100,7 @@ import sys, types
 package = types.ModuleType("cockpit_core")
 package.__path__ = [sys.argv.pop(1)]
 sys.modules["cockpit_core"] = package
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 
 sys.exit(main())
 """

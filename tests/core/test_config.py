@@ -199,7 +199,7 @@ def test_a_preset_that_tracks_a_key_twice_says_so(params):
 
 
 def test_the_old_check_unique_keys_location_still_works():
-    from cockpit_core.normalize import check_unique_keys
+    from cockpit_core.engine.normalize import check_unique_keys
 
     with pytest.raises(ConfigError) as err:
         check_unique_keys([Loss(), Loss()], "c.toml")

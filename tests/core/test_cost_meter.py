@@ -1,4 +1,4 @@
-"""Cockpit measures its own cost: one ``cost`` record per tracked step (cockpit_core.cost)."""
+"""Cockpit measures its own cost: one ``cost`` record per tracked step (cockpit_core.engine.cost)."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cockpit_core import Cockpit
-from cockpit_core.cost import CostMeter
+from cockpit_core.engine.cost import CostMeter
 from cockpit_core.log import LogData, read_records, read_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::cockpit_core.errors.CockpitWarning")

@@ -104,7 +104,7 @@ def _reexports() -> dict[tuple[str, str], str]:
 
     Both ``from pkg.mod import name`` in the ``__init__`` and the lazy ``_EXPORTS`` tables
     (``"name": "pkg.mod"``) count, so ``from cockpit_core import Cockpit`` is an import of
-    ``cockpit_core.cockpit``, not of everything the package exports.
+    ``cockpit_core.engine.cockpit``, not of everything the package exports.
     """
     found = {}
     for module, path in MODULES.items():
@@ -224,41 +224,30 @@ def test_no_import_circle_in_the_core_or_any_plugin():
     )
 
 
-PENDING_PLUGIN_IMPORTS = {
-    # the web view draws cockpit-curvature's stability threshold on the hess_max_ev panel;
-    # it goes when the web view becomes its own distribution with a panel hook (issue 30)
-    ("cockpit_core.web.arrays", "cockpit_curvature.stability"),
-}
-"""Known imports of first-party plugins from the core, each with the step that removes it.
-
-A ratchet: the test fails on any other such import, and on a listed one that is gone (then
-delete its entry)."""
-
 RUNTIME_ONLY = {
     # torch.utils.tensorboard.SummaryWriter imports it: required, never imported by name
     "cockpit-tensorboard": {"tensorboard"},
     # the Trainer needs it at run time (transformers does not require it): never imported
     "cockpit-huggingface": {"accelerate"},
+    # its pictures are drawn by the .png renderer cockpit-dashboard registers: never imported
+    "cockpit-demo": {"cockpit-dashboard"},
 }
 """Dependencies a distribution needs at run time without importing them itself."""
 
 
 def test_the_core_imports_no_first_party_plugin():
     plugins = FIRST_PARTY - {"cockpit_core"}
-    found = {
-        (m, imp.target): f"{MODULES[m].relative_to(ROOT)}:{imp.line} imports {imp.target}"
+    found = [
+        f"{MODULES[m].relative_to(ROOT)}:{imp.line} imports {imp.target}"
         for m in MODULES
         if m.split(".")[0] == "cockpit_core"
         for imp in GRAPH[m]
         if imp.target.split(".")[0] in plugins
-    }
-    new = [where for key, where in found.items() if key not in PENDING_PLUGIN_IMPORTS]
-    assert not new, (
+    ]
+    assert not found, (
         "the core names first-party plugins (reach them through hooks, as a third party's):\n"
-        + "\n".join(new)
+        + "\n".join(found)
     )
-    gone = PENDING_PLUGIN_IMPORTS - set(found)
-    assert not gone, f"no longer imported, delete from PENDING_PLUGIN_IMPORTS: {gone}"
 
 
 def _providers() -> dict[str, set[str]]:
@@ -291,16 +280,17 @@ def test_each_distribution_declares_exactly_what_it_imports(dist: Distribution):
                 )
             for name in names:
                 needed.setdefault(name, []).append(f"{path.relative_to(ROOT)}:{imp.line}")
-    pending = {  # the distributions of the known pending imports (see above)
-        DISTRIBUTION_OF[target.split(".")[0]]
-        for module, target in PENDING_PLUGIN_IMPORTS
-        if module.split(".")[0] == own
-    }
     undeclared = {
         name: where[0]
         for name, where in needed.items()
-        if name not in dist.required | dist.optional | pending
+        if name not in dist.required | dist.optional
     }
     assert not undeclared, f"{dist.name} imports what it does not declare: {undeclared}"
     unused = sorted(dist.required - set(needed) - RUNTIME_ONLY.get(dist.name, set()))
     assert not unused, f"{dist.name} declares dependencies it never imports: {unused}"
+
+
+def test_mypy_checks_the_core_and_every_plugin():
+    checked = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"])
+    packages = {str(d.package.relative_to(ROOT)) for d in DISTRIBUTIONS}
+    assert packages <= checked, f"add to [tool.mypy] files in pyproject.toml: {packages - checked}"

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from cockpit_core import plugin_listing
-from cockpit_core.atomic_file import atomic_write, write_text_atomic
-from cockpit_core.cli import main
-from cockpit_core.config import load_config_file
-from cockpit_core.config_limits import MAX_DEPTH, MAX_VALUES
+from cockpit_core.cli.main import main
+from cockpit_core.config.files import load_config_file
+from cockpit_core.config.limits import MAX_DEPTH, MAX_VALUES
 from cockpit_core.errors import ConfigError, UnknownQuantityError, escape_controls, shown_name
+from cockpit_core.log.atomic_file import atomic_write, write_text_atomic
+from cockpit_core.plugin import listing as plugin_listing
 
 ESCAPE = "\x1b[31m"
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from cockpit_core import Registry
-from cockpit_core import registry as registry_module
-from cockpit_core.cli import main
-from cockpit_core.plugins import LOCAL_DISTRIBUTION
+from cockpit_core.cli.main import main
+from cockpit_core.plugin import registry as registry_module
+from cockpit_core.plugin.discovery import LOCAL_DISTRIBUTION
 from cockpit_core.testing import check_plugin, run_cockpit, tiny_mlp
 
 FIRST_LOSS = """

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cockpit_core import Registry
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 
 
 @pytest.fixture
@@ -14,7 +14,7 @@ def listing(monkeypatch, capsys):
 
     The plugins are discovered at the first run (after the test installed its own), once.
     """
-    from cockpit_core import registry as registry_module
+    from cockpit_core.plugin import registry as registry_module
 
     registries = []
 
@@ -56,7 +56,7 @@ def test_verbose_lists_hooks_and_registrations_of_first_party_plugins(listing):
     ) in out
     # the core's built-ins come in through the same hooks as a third party's
     assert (
-        "core  (cockpit-core 0.2.0)  ok\n"
+        "core  (cockpit-core 0.3.0)  ok\n"
         "    hooks: register_statistic_providers, register_statistic_kinds\n"
         "    providers: func\n"
         "    statistic kinds: batch_l2, sum_grad_squared, batch_dot, grad_batch, "
@@ -117,6 +117,7 @@ def test_verbose_lists_statistic_kinds_and_skipped_panels(fake_distribution, lis
         "fakeplug_typo  (fakeplug-typo 1.0)  SKIPPED: invalid hook implementation: unknown hook "
         "'register_statistic_kind' (did you mean 'register_statistic_kinds'?); cockpit's hooks "
         "are register_quantities, register_presets, register_instruments, register_sinks, "
-        "register_statistic_providers, register_statistic_kinds, register_diagnoses\n"
+        "register_statistic_providers, register_statistic_kinds, register_diagnoses, "
+        "register_renderers, register_commands\n"
         "    hooks: register_instruments\n"  # its known hooks; it registered nothing
     ) in out

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cockpit_core import Registry, plugin_listing, plugins
-from cockpit_core.cli import main
+from cockpit_core import Registry
+from cockpit_core.cli.main import main
+from cockpit_core.plugin import discovery as plugins
+from cockpit_core.plugin import listing as plugin_listing
 
 LOCAL_PLUGIN = """
 from cockpit_core import hookimpl
@@ -59,7 +61,7 @@ def cli(cache_env, monkeypatch, capsys):
     ``loaded``: whether the plugins were loaded (a fresh registry per load, so a changed local
     plugin shows), rather than the listing served from the cache.
     """
-    from cockpit_core import registry as registry_module
+    from cockpit_core.plugin import registry as registry_module
 
     loads = []
 
@@ -273,7 +275,7 @@ def test_the_plugins_dir_variable_is_the_one_discovery_reads():
 
 PROBE = """
 import sys
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
 loaded = sorted(m for m in ("torch", "cockpit_basic", "pluggy") if m in sys.modules)

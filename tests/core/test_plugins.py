@@ -204,7 +204,7 @@ def test_a_sink_named_like_a_first_party_one_is_a_conflict_when_used(fake_distri
         registry.make_sink("tensorboard")
     assert str(err.value) == expected
     from cockpit_core import ConfigError
-    from cockpit_core.config import validate_config_data
+    from cockpit_core.config.files import validate_config_data
 
     with pytest.raises(ConfigError) as err:
         validate_config_data(
@@ -250,7 +250,8 @@ def test_preset_and_quantity_collisions_name_both_distributions(fake_distributio
 
 VALID_HOOKS = (
     "register_quantities, register_presets, register_instruments, register_sinks, "
-    "register_statistic_providers, register_statistic_kinds, register_diagnoses"
+    "register_statistic_providers, register_statistic_kinds, register_diagnoses, "
+    "register_renderers, register_commands"
 )
 
 
@@ -355,8 +356,8 @@ def test_unmarked_helpers_optional_hooks_and_specname_are_accepted():
 def test_an_installed_plugin_with_a_misspelled_hook_is_skipped_and_listed(
     fake_distribution, monkeypatch, capsys
 ):
-    from cockpit_core import registry as registry_module
-    from cockpit_core.cli import main
+    from cockpit_core.cli.main import main
+    from cockpit_core.plugin import registry as registry_module
 
     fake_distribution(
         "fakeplug-typo",

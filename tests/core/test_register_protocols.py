@@ -10,7 +10,9 @@ from cockpit_core import Registry, hookimpl
 from cockpit_core.hookspecs import (
     HOOK_NAMES,
     REGISTER_PROTOCOLS,
+    RegisterCommand,
     RegisterPreset,
+    RegisterRenderer,
     RegisterSink,
     hook_signatures,
 )
@@ -33,8 +35,23 @@ def test_the_registry_accepts_calls_spelled_as_the_protocols_declare():
         name: list(inspect.signature(proto.__call__).parameters.values())[1:]
         for name, proto in REGISTER_PROTOCOLS.items()
     }
-    for name in set(HOOK_NAMES) - {"register_presets", "register_sinks"}:
+    keyword_hooks = {
+        "register_presets",
+        "register_sinks",
+        "register_renderers",
+        "register_commands",
+    }
+    for name in set(HOOK_NAMES) - keyword_hooks:
         assert [p.kind for p in params[name]] == [inspect.Parameter.POSITIONAL_ONLY]
+    renderer_kw = dict(
+        zip([p.name for p in params["register_renderers"]], [".fp", lambda s, p=None: p, "d"])
+    )
+    command_kw = dict(
+        zip(
+            [p.name for p in params["register_commands"]],
+            ["fp-cmd", lambda parser: None, lambda args: 0, "d"],
+        )
+    )
     preset_kw = dict(zip([p.name for p in params["register_presets"]], ["fp_set", ["loss"], "d"]))
     sink_kw = dict(
         zip([p.name for p in params["register_sinks"]], ["fp_sink", lambda: print, None, "d"])
@@ -49,9 +66,19 @@ def test_the_registry_accepts_calls_spelled_as_the_protocols_declare():
         def register_sinks(self, register: RegisterSink) -> None:
             register(**sink_kw)
 
+        @hookimpl
+        def register_renderers(self, register: RegisterRenderer) -> None:
+            register(**renderer_kw)
+
+        @hookimpl
+        def register_commands(self, register: RegisterCommand) -> None:
+            register(**command_kw)
+
     registry = Registry.from_entry_points()
     info = registry.add_plugin(Plugin(), name="fp_typed")
     assert info.ok, info.error
     assert (info.presets, info.sinks) == (["fp_set"], ["fp_sink"])
     assert registry.presets["fp_set"].description == "d"
     assert registry.sinks["fp_sink"].description == "d"
+    assert (info.renderers, info.commands) == ([".fp"], ["fp-cmd"])
+    assert registry.renderers[".fp"].description == registry.commands["fp-cmd"].help == "d"

@@ -19,11 +19,11 @@ from cockpit_core import (
     Registry,
     hookimpl,
 )
-from cockpit_core import registry as registry_module
-from cockpit_core.cli import main
-from cockpit_core.config import load_config_file, parse_settings, validate_config_data
+from cockpit_core.cli.main import main
+from cockpit_core.config.files import load_config_file, parse_settings, validate_config_data
 from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig
 from cockpit_core.log import LogFormatError, check_log_path, read_records
+from cockpit_core.plugin import registry as registry_module
 
 PARAMS = [torch.nn.Parameter(torch.zeros(2))]
 

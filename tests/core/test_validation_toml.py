@@ -1,8 +1,8 @@
 """Python 3.10 has no ``tomllib``: the config loader falls back to ``tomli``, or says how to fix it.
 
-Each test executes ``cockpit_core/config.py`` afresh as a separate module while ``tomllib``
+Each test executes ``cockpit_core/config/files.py`` afresh as a separate module while ``tomllib``
 is hidden (``sys.modules["tomllib"] = None`` makes ``import tomllib`` fail as on 3.10), so
-the package's own ``cockpit_core.config`` stays untouched. The tests use the real ``tomli``
+the package's own ``cockpit_core.config.files`` stays untouched. The tests use the real ``tomli``
 where it is installed (cockpit-core depends on it below Python 3.11, where the last test
 checks that it is the parser in use); on 3.11+ it usually is not, and a stand-in module with
 tomli's API (the one ``tomllib`` was made from) that delegates to ``tomllib`` plays it.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import cockpit_core.config
+import cockpit_core.config.files
 from cockpit_core import ConfigError
 
 try:
@@ -43,7 +43,7 @@ def _config_module_without_tomllib(monkeypatch, tomli):
     monkeypatch.setitem(sys.modules, "tomllib", None)
     monkeypatch.setitem(sys.modules, "tomli", tomli)
     name = "cockpit_config_without_tomllib"
-    spec = importlib.util.spec_from_file_location(name, cockpit_core.config.__file__)
+    spec = importlib.util.spec_from_file_location(name, cockpit_core.config.files.__file__)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)  # pydantic resolves annotations through it
     spec.loader.exec_module(module)
@@ -93,8 +93,8 @@ def test_without_tomllib_and_tomli_the_message_names_pip_install_tomli(monkeypat
 
 
 def test_tomli_is_a_dependency_below_python_3_11():
-    pyproject = cockpit_core.config.load_config_file(
-        Path(cockpit_core.config.__file__).parents[1] / "pyproject.toml"
+    pyproject = cockpit_core.config.files.load_config_file(
+        Path(cockpit_core.config.files.__file__).parents[2] / "pyproject.toml"
     )
     assert "tomli>=2; python_version < '3.11'" in pyproject["project"]["dependencies"]
 
@@ -103,4 +103,4 @@ def test_tomli_is_a_dependency_below_python_3_11():
 def test_below_python_3_11_the_real_tomli_is_installed_and_used():
     import tomli
 
-    assert cockpit_core.config._toml is tomli
+    assert cockpit_core.config.files._toml is tomli

@@ -7,7 +7,7 @@ import types
 import numpy as np
 
 from cockpit_core import Quantity, hookimpl
-from cockpit_core.dashboard import Instrument, series
+from cockpit_core.panel import Instrument, series
 
 
 class Wiggle(Quantity):

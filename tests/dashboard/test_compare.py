@@ -4,13 +4,14 @@ import warnings
 
 import numpy as np
 import pytest
+from cockpit_dashboard import render
+from cockpit_dashboard.compare import RUN_COLORS, run_labels
 from matplotlib.colors import to_hex
 
-from cockpit_core.cli import main
-from cockpit_core.dashboard import Instrument, render, series
-from cockpit_core.dashboard.compare import RUN_COLORS, run_labels
-from cockpit_core.dashboard.data import smooth_window
+from cockpit_core.cli.main import main
 from cockpit_core.log import LogData, read_run
+from cockpit_core.panel import Instrument, series
+from cockpit_core.panel.data import smooth_window
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 LOSSES = {

@@ -4,11 +4,12 @@ import warnings
 
 import numpy as np
 import pytest
+from cockpit_dashboard import LivePlot, plan, render
 
 from cockpit_core import Registry
-from cockpit_core.cli import main
-from cockpit_core.dashboard import Instrument, LivePlot, plan, render
+from cockpit_core.cli.main import main
 from cockpit_core.log import LogData
+from cockpit_core.panel import Instrument
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 from ._helpers import WIGGLE_PANEL, draw_wiggle, figure_texts, make_plugin, panel_titles
@@ -86,7 +87,7 @@ def test_register_instruments_with_a_wrong_object_keeps_the_quantities():
         info = registry.add_plugin(make_plugin("not an instrument"), name="sloppy")
     assert info.ok and "wiggle" in registry.quantities
     assert registry.instruments == {}
-    assert "not a cockpit_core.dashboard.Instrument" in registry.extension_errors["sloppy"]
+    assert "not a cockpit_core.instrument.Instrument" in registry.extension_errors["sloppy"]
 
 
 def test_register_instruments_name_collision_keeps_the_first():

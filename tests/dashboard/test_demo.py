@@ -2,7 +2,7 @@
 
 import pytest
 
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 from cockpit_core.log import read_run
 
 pytest.importorskip("sklearn")
@@ -23,8 +23,9 @@ def test_demo_writes_log_output_and_dashboard(tmp_path, capsys):
 
 
 def test_demo_logs_epoch_metrics_that_the_performance_panel_draws(tmp_path, capsys):
-    from cockpit_core.dashboard import plan
-    from cockpit_core.demo import load_digits_tensors, split_train_valid
+    from cockpit_dashboard import plan
+    from cockpit_demo.training import load_digits_tensors, split_train_valid
+
     from cockpit_core.log import read_records
 
     run = tmp_path / "run"

@@ -1,8 +1,8 @@
 """Findings of the diagnoses appear as a banner under the dashboard's title (issue 22)."""
 
 import matplotlib
+from cockpit_dashboard import render
 
-from cockpit_core.dashboard import render
 from cockpit_core.diagnosis import Finding
 from cockpit_core.log import LogData
 
@@ -40,9 +40,8 @@ def test_no_banner_without_findings_or_in_a_comparison():
 
 
 def test_long_findings_are_cut_to_the_figure_width():
+    from cockpit_dashboard.banner import findings_banner
     from matplotlib.figure import Figure
-
-    from cockpit_core.dashboard.findings import findings_banner
 
     long = Finding("x@0", "batch_size", "warning", 0, 59, "the norm test fails " * 20)
     fig = Figure(figsize=(6, 2))

@@ -3,17 +3,18 @@
 import matplotlib
 import numpy as np
 import pytest
+from cockpit_dashboard import LivePlot, render
+from cockpit_dashboard.banner import COLORS
+from cockpit_dashboard.markers import LABEL_GID, OPACITY, SPAN_GID
 from matplotlib.colors import to_rgba
 
 from cockpit_core import Registry, hookimpl
-from cockpit_core.dashboard import Instrument, LivePlot, render, series
-from cockpit_core.dashboard.findings import COLORS
-from cockpit_core.dashboard.markers import LABEL_GID, OPACITY, SPAN_GID
-from cockpit_core.dashboard.planning import load
-from cockpit_core.dashboard.style import finish
 from cockpit_core.diagnosis import Diagnosis
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log import LogData
+from cockpit_core.panel import Instrument, series
+from cockpit_core.panel.planning import load
+from cockpit_core.panel.style import finish
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 from ._helpers import Wiggle

@@ -2,9 +2,9 @@
 
 import matplotlib.image
 import pytest
+from cockpit_dashboard import plan, render
 
-from cockpit_core.dashboard import plan, render
-from cockpit_core.registry import default_registry
+from cockpit_core.plugin.registry import default_registry
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 DPI = 50

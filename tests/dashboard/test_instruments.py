@@ -5,11 +5,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from cockpit_dashboard import render
 from matplotlib.figure import Figure
 
-from cockpit_core.dashboard import render
 from cockpit_core.log import LogData
-from cockpit_core.registry import default_registry
+from cockpit_core.plugin.registry import default_registry
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 

@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+from cockpit_dashboard import render
 
-from cockpit_core.dashboard import Instrument, render, series
 from cockpit_core.log import LogData
+from cockpit_core.panel import Instrument, series
 
 from ._helpers import figure_texts
 

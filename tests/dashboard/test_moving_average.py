@@ -3,11 +3,12 @@
 import matplotlib
 import numpy as np
 import pytest
+from cockpit_dashboard import render
 from matplotlib.figure import Figure
 
-from cockpit_core.dashboard import ema, render, smooth
-from cockpit_core.dashboard.data import smooth_window
 from cockpit_core.log import LogData
+from cockpit_core.panel import ema, smooth
+from cockpit_core.panel.data import smooth_window
 
 matplotlib.use("Agg")
 

@@ -6,11 +6,12 @@ import warnings
 import matplotlib
 import pytest
 import torch
+from cockpit_dashboard import render
+from cockpit_dashboard.banner import findings_banner
 
 from cockpit_core import Cockpit, Registry, hookimpl
-from cockpit_core.cli import main
-from cockpit_core.dashboard import render
-from cockpit_core.dashboard.findings import findings_banner, merge, run_findings
+from cockpit_core.cli.main import main
+from cockpit_core.diagnosing.findings import merge, run_findings
 from cockpit_core.diagnosis import Diagnosis, Finding
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log import LogData, read_run
@@ -117,7 +118,7 @@ class LossSeen(Diagnosis):
         return [self.finding("", "info", step, step, "the loss was there", {})]
 
 
-def _registry(*diagnoses):
+def registry_of(*diagnoses):
     import cockpit_basic.plugin
 
     class Plugin:
@@ -134,7 +135,7 @@ def _registry(*diagnoses):
 
 @pytest.mark.parametrize("bad", [Broken, BrokenApplies])
 def test_a_diagnosis_that_raises_is_skipped_and_named_not_the_plot(bad):
-    registry = _registry(bad, LossSeen)
+    registry = registry_of(bad, LossSeen)
     data = LogData({}, {s: {"loss": 1.0 / (s + 1)} for s in range(4)})
     with pytest.warns(CockpitWarning, match=bad.name):
         fig = render(data, registry=registry)

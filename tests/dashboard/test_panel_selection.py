@@ -2,9 +2,9 @@
 
 import matplotlib
 import pytest
+from cockpit_dashboard import render
 
 from cockpit_core import UnknownInstrumentError, UnknownNameError
-from cockpit_core.dashboard import render
 
 matplotlib.use("Agg")
 

@@ -2,11 +2,12 @@
 
 import numpy as np
 import torch
+from cockpit_dashboard import LivePlot, plan, render
 from matplotlib.figure import Figure
 
 from cockpit_core import Cockpit
-from cockpit_core.dashboard import LivePlot, metric_series, plan, render
 from cockpit_core.log import LogData
+from cockpit_core.panel import metric_series
 
 from ._helpers import figure_texts, panel_titles
 

@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from cockpit_demo.scenarios import SCENARIOS
 
-from cockpit_core.cli import main
-from cockpit_core.demo_scenarios import SCENARIOS
+from cockpit_core.cli.main import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::cockpit_core.errors.CockpitWarning")
 STEPS = 12  # the persistence windows are 10 tracked steps (dead_layers: 5)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cockpit_core import Cockpit
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 
 
 class Zero(torch.nn.Module):
@@ -149,7 +149,7 @@ def test_only_and_set_combine(logs, capsys, window, expected):
     ],
 )
 def test_set_values_are_json_when_they_parse_else_strings(text, expected):
-    from cockpit_core.diagnose_options import parse_setting
+    from cockpit_core.diagnosing.options import parse_setting
 
     assert parse_setting(text) == expected
 
@@ -235,7 +235,7 @@ def test_a_missing_config_file_exits_2(logs, tmp_path, capsys):
 
 
 def test_diagnose_takes_options_in_python(logs):
-    from cockpit_core.diagnose import diagnose
+    from cockpit_core.diagnosing.run import diagnose
     from cockpit_core.errors import ConfigError
 
     _, dead = logs

@@ -8,7 +8,8 @@ import pytest
 from pydantic import Field
 
 from cockpit_core import Registry, hookimpl
-from cockpit_core.diagnose import diagnose
+from cockpit_core.diagnosing.run import diagnose
+from cockpit_core.diagnosing.runner import DiagnosisRunner
 from cockpit_core.diagnosis import (
     Diagnosis,
     DiagnosisConfig,
@@ -17,7 +18,6 @@ from cockpit_core.diagnosis import (
     Window,
     persistent_spans,
 )
-from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.errors import CockpitWarning, ConfigError
 from cockpit_core.log import LogFormatError, read_records, read_run
 from cockpit_core.testing import run_cockpit, tiny_mlp
@@ -51,7 +51,7 @@ class Plugin:
         register(LossAbove)
 
 
-def _registry():
+def registry_of():
     registry = Registry.from_entry_points()
     info = registry.add_plugin(Plugin(), name="thirdparty", distribution="cockpit-thirdparty")
     assert info.ok, info.error
@@ -115,7 +115,7 @@ def test_findings_are_log_records_that_read_back(tmp_path):
 
 
 def test_hook_register_diagnoses(tmp_path):
-    registry = _registry()
+    registry = registry_of()
     assert registry.diagnoses.lookup("loss_above").distribution == "cockpit-thirdparty"
     seen = []
     with pytest.warns(CockpitWarning, match="loss_above: loss is high") as caught:
@@ -156,7 +156,7 @@ def test_hook_register_diagnoses(tmp_path):
     written = read_run(result.cockpit.write(tmp_path / "output.json"))
     assert [Finding.from_record(r) for r in written.findings] == [finding]
     # and the dashboard of the run (the Cockpit's and the log's) shows it in its banner
-    from cockpit_core.dashboard import render
+    from cockpit_dashboard import render
 
     for source in (result.cockpit, tmp_path / "log.jsonl"):
         texts = [t.get_text() for t in render(source).texts]
@@ -164,7 +164,7 @@ def test_hook_register_diagnoses(tmp_path):
 
 
 def test_unknown_names_and_bad_options_are_clear_errors():
-    registry = _registry()
+    registry = registry_of()
     with pytest.raises(UnknownDiagnosisError, match="Did you mean 'loss_above'"):
         diagnose({0: {"loss": 1.0}}, registry, names=["loss_abov"])
     with pytest.raises(ConfigError, match="diagnoses.loss_above.treshold"):
@@ -258,9 +258,8 @@ class SlowPlugin:
 
 
 def test_findings_banner_shows_the_most_severe_first():
+    from cockpit_dashboard.banner import COLORS, findings_banner
     from matplotlib.figure import Figure
-
-    from cockpit_core.dashboard.findings import COLORS, findings_banner
 
     info = Finding("a@0", "a", "info", 0, 9, "just so")
     error = Finding("b@5", "b", "error", 5, 5, "broken")

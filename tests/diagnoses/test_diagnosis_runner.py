@@ -1,7 +1,7 @@
 """The runner of diagnoses while training: how often it checks, and one finding per stretch."""
 
+from cockpit_core.diagnosing.runner import CHECKS_PER_WINDOW, DiagnosisRunner
 from cockpit_core.diagnosis import Diagnosis
-from cockpit_core.diagnosis_runner import CHECKS_PER_WINDOW, DiagnosisRunner
 
 
 class Positive(Diagnosis):

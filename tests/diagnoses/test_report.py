@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 from cockpit_core import Registry, hookimpl
-from cockpit_core.cli import main
-from cockpit_core.diagnose import (
+from cockpit_core.cli.main import main
+from cockpit_core.diagnosing.run import (
     diagnose,
     exit_code,
     precedence_rules,
@@ -131,8 +131,8 @@ def test_json_keeps_every_finding_and_adds_the_entries(died, capsys):
 def test_a_trained_run_that_died_leads_with_the_dead_layers(tmp_path, capsys):
     """The dead_layer demo with the norm test tracked: batch-size warnings come after."""
     pytest.importorskip("sklearn")
-    from cockpit_core.demo import run_demo
-    from cockpit_core.demo_scenarios import make_dead_model
+    from cockpit_demo.scenarios import make_dead_model
+    from cockpit_demo.training import run_demo
 
     with warnings.catch_warnings():  # the run's own warnings (its findings); not checked here
         warnings.simplefilter("ignore")
@@ -160,7 +160,7 @@ def test_the_lr_too_high_scenario_leads_with_the_dead_layers_and_raises_no_learn
 ):
     """lr 3 for 100 steps: the ReLUs die at about step 11, the loss flattens after."""
     pytest.importorskip("sklearn")
-    from cockpit_core.demo_scenarios import run_scenario
+    from cockpit_demo.scenarios import run_scenario
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

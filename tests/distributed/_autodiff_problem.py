@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from cockpit_core import Cockpit
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 from cockpit_core.testing import tiny_transformer
 from cockpit_core.testing.reference import explicit_ggn, explicit_hessian
 

@@ -1,6 +1,6 @@
 """A quantity that fails on one process only: every process records it, training goes on.
 
-Needs cockpit_core/step.py to call ``StepSync.run`` (see docs/distributed.md).
+Needs cockpit_core/engine/step.py to call ``StepSync.run`` (see docs/distributed.md).
 """
 
 from __future__ import annotations

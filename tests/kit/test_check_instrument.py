@@ -5,8 +5,8 @@ import warnings
 import numpy as np
 import pytest
 
-from cockpit_core.dashboard import Instrument, series
-from cockpit_core.registry import default_registry
+from cockpit_core.panel import Instrument, series
+from cockpit_core.plugin.registry import default_registry
 from cockpit_core.testing import ConformanceError, check_instrument
 
 REGISTRY = default_registry()
@@ -126,6 +126,6 @@ def test_a_factory_that_builds_an_invalid_instrument():
     )
     with pytest.raises(ConformanceError) as err:
         check_instrument(lambda: 42)
-    assert str(err.value).endswith("returned int, not a cockpit_core.dashboard.Instrument.")
+    assert str(err.value).endswith("returned int, not a cockpit_core.instrument.Instrument.")
     with pytest.raises(ConformanceError, match="got str"):
         check_instrument("loss")

@@ -13,7 +13,7 @@ GOOD = """
 from pydantic import Field
 
 from cockpit_core import Quantity, QuantityConfig, hookimpl
-from cockpit_core.dashboard import Instrument, series
+from cockpit_core.panel import Instrument, series
 
 RECORDS = []
 
@@ -71,7 +71,7 @@ BROKEN = """
 from pydantic import Field
 
 from cockpit_core import Quantity, QuantityConfig, hookimpl
-from cockpit_core.dashboard import Instrument
+from cockpit_core.panel import Instrument
 
 
 class NoDescriptionConfig(QuantityConfig):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cockpit_core.cli import main
-from cockpit_core.scaffold import ScaffoldError, new_plugin, plugin_names, render
+from cockpit_core.cli.main import main
+from cockpit_core.cli.scaffold import ScaffoldError, new_plugin, plugin_names, render
 from cockpit_core.testing import check_plugin, tiny_mlp
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cockpit_core
-from cockpit_core.dashboard.style import PRIMARY, line
+from cockpit_core.panel.style import PRIMARY, line
 
 
 def _axes():

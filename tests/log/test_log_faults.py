@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-import cockpit_core.atomic_file as atomic_file
 import cockpit_core.log as log_module
+import cockpit_core.log.atomic_file as atomic_file
 import cockpit_core.log.format as log_format
 import cockpit_core.log.write as log_write
 from cockpit_core import Cockpit, ConfigError
@@ -207,7 +207,7 @@ def test_training_with_keep_in_memory_false_survives_a_full_disk(tmp_path):
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    import cockpit_core.atomic_file as atomic
+    import cockpit_core.log.atomic_file as atomic
     from cockpit_core.testing import run_cockpit, tiny_mlp
 
     cp = run_cockpit(tiny_mlp(), ["loss"], steps=2).cockpit

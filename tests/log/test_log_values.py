@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from cockpit_core.engine.normalize import serialization_notes, to_serializable
 from cockpit_core.log import (
     MAX_VALUE_DEPTH,
     Placeholder,
@@ -17,7 +18,6 @@ from cockpit_core.log import (
     read_run,
     unserializable_notes,
 )
-from cockpit_core.normalize import serialization_notes, to_serializable
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 pytestmark = pytest.mark.filterwarnings(

@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _train import QUANTITIES, STEPS, assert_same_statistics, flatten, train  # noqa: E402
 
-from cockpit_core import Cockpit, loop_checks  # noqa: E402
+from cockpit_core import Cockpit  # noqa: E402
+from cockpit_core.engine import loop_checks  # noqa: E402
 
 CURVATURE = ["tic_diag", "hess_trace"]
 FIRST_ORDER = [q for q in QUANTITIES if q not in CURVATURE]

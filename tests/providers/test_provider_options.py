@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from cockpit_core import Cockpit, ConfigError, Registry
-from cockpit_core.registry import ProviderEntry
+from cockpit_core.plugin.registry import ProviderEntry
 from cockpit_core.testing import tiny_mlp
 
 from .loop_provider import LoopProvider

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from cockpit_dashboard import render
 
 from cockpit_core import Cockpit, CockpitWarning
-from cockpit_core.dashboard import Instrument, render
 from cockpit_core.log import LogData, read_records
+from cockpit_core.panel import Instrument
 from cockpit_core.testing import run_cockpit, tiny_mlp
 
 

@@ -152,7 +152,7 @@ def test_a_plugin_exiting_at_import_does_not_stop_any_command(fake_distribution,
 
 
 def _registry():
-    from cockpit_core.registry import default_registry
+    from cockpit_core.plugin.registry import default_registry
 
     return default_registry()
 
@@ -172,7 +172,7 @@ SINK_ENTRIES = st.one_of(
     st.one_of(st.none(), st.lists(SINK_ENTRIES, max_size=3), NESTED),
 )
 def test_validation_of_random_configs_raises_only_config_errors(data, sinks):
-    from cockpit_core.config import validate_config_data
+    from cockpit_core.config.files import validate_config_data
 
     if sinks is not None:
         data["sinks"] = sinks

@@ -18,7 +18,7 @@ from cockpit_core import (
     Quantity,
     Requirements,
 )
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 
 
 class NeedsL2(Quantity):

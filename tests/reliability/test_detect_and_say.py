@@ -258,7 +258,7 @@ def test_no_batch_norm_warning_in_eval_mode_without_a_model():
 
 
 def test_cockpit_check_reports_batch_norm_in_training_mode(tmp_path, capsys):
-    from cockpit_core.cli import main
+    from cockpit_core.cli.main import main
 
     factory = tmp_path / "bn_model.py"
     factory.write_text(

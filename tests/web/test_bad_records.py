@@ -13,11 +13,11 @@ import re
 import threading
 
 import pytest
+from cockpit_web import Feed, LogFollower, make_server, render_page, write_page
+from cockpit_web.follow import scalar_series
 
-from cockpit_core.cli import main
+from cockpit_core.cli.main import main
 from cockpit_core.log import LogFormatError, dumps, read_run
-from cockpit_core.web import Feed, LogFollower, make_server, render_page, write_page
-from cockpit_core.web.follow import scalar_series
 
 from .conftest import STEPS
 
@@ -85,7 +85,7 @@ def test_bad_records_never_break_the_page_data_json_or_plot_html(bad_log, tmp_pa
     out = tmp_path / "x.html"
     assert main(["plot", str(bad_log), "-o", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "Web view written to" in captured.out
+    assert f"Dashboard written to {out}" in captured.out
     assert re.search(r"warning: run: \d+ records skipped: line \d+", captured.err)
     assert "Traceback" not in captured.err
 
@@ -184,10 +184,8 @@ def test_host_header_is_checked(logged_run):
 
 
 def test_serve_passes_allow_host(monkeypatch, logged_run):
-    import cockpit_core.web
-
     seen = {}
-    monkeypatch.setattr(cockpit_core.web, "serve", lambda runs, **kw: seen.update(kw))
+    monkeypatch.setattr("cockpit_web.command.serve", lambda runs, **kw: seen.update(kw))
     args = ["serve", str(logged_run.log), "--allow-host", "a", "--allow-host", "b.lan"]
     assert main([*args, "--port", "0", "--poll", "0.5"]) == 0
     assert seen["allowed_hosts"] == ["a", "b.lan"]

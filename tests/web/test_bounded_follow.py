@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from cockpit_core.diagnose import diagnose
+from cockpit_web import Feed
+from cockpit_web.follow import LogFollower
+from cockpit_web.reduce import ReducedSeries
+
+from cockpit_core.diagnosing.run import diagnose
 from cockpit_core.log import read_run
-from cockpit_core.web import Feed
-from cockpit_core.web.follow import LogFollower
-from cockpit_core.web.reduce import ReducedSeries
 
 
 def _write(path, records, mode="a"):
@@ -161,9 +162,10 @@ def test_incremental_diagnoses_find_what_cockpit_diagnose_finds(tmp_path):
 def test_the_diagnoses_window_drops_the_steps_the_runner_drops():
     import random
 
-    from cockpit_core.diagnosis_build import build_diagnoses
-    from cockpit_core.diagnosis_runner import DiagnosisRunner
-    from cockpit_core.web.follow import _Keeper
+    from cockpit_web.follow import _Keeper
+
+    from cockpit_core.diagnosing.build import build_diagnoses
+    from cockpit_core.diagnosing.runner import DiagnosisRunner
 
     keeper = _Keeper(7)
     plain = DiagnosisRunner(build_diagnoses(None, None, None), max_steps=7, every_step=True)
@@ -180,9 +182,9 @@ def test_the_diagnoses_window_drops_the_steps_the_runner_drops():
 
 
 def test_a_written_page_diagnoses_every_step(tmp_path, monkeypatch):
-    from cockpit_core.web import write_page
+    from cockpit_web import write_page
 
-    monkeypatch.setattr("cockpit_core.web.follow.DIAGNOSE_STEPS", 5)
+    monkeypatch.setattr("cockpit_web.follow.DIAGNOSE_STEPS", 5)
     path = tmp_path / "log.jsonl"
     header = {"kind": "header", "quantities": [{"name": "loss", "key": "loss"}]}
     _write(path, [header] + [_troubled(s) for s in range(60)])

@@ -13,9 +13,9 @@ import subprocess
 import threading
 
 import pytest
+from cockpit_web import make_server
 
 from cockpit_core.log import dumps
-from cockpit_core.web import make_server
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -89,8 +89,9 @@ def test_page_shows_the_panels_and_updates_when_a_record_is_appended(logged_run,
 
 
 def test_static_page_lists_findings_and_shades_their_steps(logged_run, tmp_path):
+    from cockpit_web import write_page
+
     from cockpit_core.diagnosis import Finding
-    from cockpit_core.web import write_page
 
     finding = Finding(
         "dead_layers@1", "dead_layers", "warning", 1, 2, "a <b>dead</b> layer", {"x": 1}
@@ -115,8 +116,9 @@ def test_static_page_lists_findings_and_shades_their_steps(logged_run, tmp_path)
 
 
 def test_page_draws_the_histogram_heat_map_and_the_stability_threshold(tmp_path):
+    from cockpit_web import write_page
+
     from cockpit_core.testing import run_cockpit, tiny_mlp
-    from cockpit_core.web import write_page
 
     quantities = ["loss", "grad_hist_1d", "hess_max_ev", "optimizer_hparams"]
     result = run_cockpit(tiny_mlp(), quantities, steps=3, log=tmp_path / "run" / "log.jsonl")
@@ -167,8 +169,9 @@ def test_twenty_findings_of_two_runs_leave_the_charts_on_the_first_screen(logged
     plotly's mode bar covers no panel title."""
     import json
 
+    from cockpit_web import write_page
+
     from cockpit_core.diagnosis import Finding
-    from cockpit_core.web import write_page
 
     message = "the norm test fails at many tracked steps: the mini-batch gradient is too noisy"
     plan = {

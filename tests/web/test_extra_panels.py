@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from cockpit_web import Feed, LogFollower
+from cockpit_web.arrays import HistogramTrack
+from cockpit_web.extra_panels import TOTALS_NOTE, common_grid
 
 from cockpit_core.log import dumps, read_run
 from cockpit_core.testing import run_cockpit, tiny_mlp
-from cockpit_core.web import Feed, LogFollower
-from cockpit_core.web.arrays import HistogramTrack
-from cockpit_core.web.extra_panels import TOTALS_NOTE, common_grid
 
 STEPS = 6
 INSTRUMENTS = [
@@ -188,7 +188,7 @@ def test_follower_updates_the_heat_map_and_lines_on_append(momentum_log, tmp_pat
 
 
 def test_per_parameter_values_are_kept_only_for_a_bounded_number_of_parameters():
-    from cockpit_core.web.arrays import PER_PARAM_MAX, ArrayStore
+    from cockpit_web.arrays import PER_PARAM_MAX, ArrayStore
 
     wide = ArrayStore()
     wide.header({"params": [{"name": f"p{i}"} for i in range(PER_PARAM_MAX + 1)]})
@@ -206,8 +206,8 @@ def test_a_long_runs_heat_map_stays_small():
     import json
     from types import SimpleNamespace
 
-    from cockpit_core.web.arrays import HEATMAP_COLUMNS, ArrayStore
-    from cockpit_core.web.panels import figures
+    from cockpit_web.arrays import HEATMAP_COLUMNS, ArrayStore
+    from cockpit_web.panels import figures
 
     arrays, edges = ArrayStore(), np.linspace(-2.0, 2.0, 101)
     counts = np.random.default_rng(0).integers(0, 10**6, (5000, 100))

@@ -8,10 +8,10 @@ import re
 
 import pytest
 import torch
+from cockpit_web import Feed, LogFollower
 
 from cockpit_core import Cockpit
-from cockpit_core.cli import main
-from cockpit_core.web import Feed, LogFollower
+from cockpit_core.cli.main import main
 
 STEPS = 6
 
@@ -104,7 +104,7 @@ def test_healthy_log_has_no_findings(tmp_path):
 
 
 def test_serve_runs_the_rules_over_a_log_recorded_without_them(tmp_path, monkeypatch):
-    from cockpit_core.web import make_server
+    from cockpit_web import make_server
 
     log = _dead_log(tmp_path / "dead.jsonl", None)  # no diagnoses while training
     with make_server([log], port=0, diagnose=False) as server:
@@ -118,7 +118,7 @@ def test_serve_runs_the_rules_over_a_log_recorded_without_them(tmp_path, monkeyp
     assert (entry["first_step"], entry["last_step"]) == (0, STEPS - 1)
     # the command line runs them by default; --no-diagnose shows the recorded findings only
     seen = {}
-    monkeypatch.setattr("cockpit_core.web.serve", lambda runs, **kw: seen.update(kw))
+    monkeypatch.setattr("cockpit_web.command.serve", lambda runs, **kw: seen.update(kw))
     assert main(["serve", str(log)]) == 0 and seen["diagnose"] is True
     assert main(["serve", str(log), "--no-diagnose"]) == 0 and seen["diagnose"] is False
 
@@ -173,7 +173,7 @@ def test_a_failing_diagnosis_is_named_on_the_page_and_the_others_still_run(tmp_p
     registry = Registry()
     registry.add_plugin(cockpit_diagnoses.plugin, name="diagnoses")
     assert registry.add_plugin(Plugin(), name="broken").diagnoses == ["broken_rule"]
-    monkeypatch.setattr("cockpit_core.registry.default_registry", lambda: registry)
+    monkeypatch.setattr("cockpit_core.plugin.registry.default_registry", lambda: registry)
     log = _dead_log(tmp_path / "log.jsonl", None)
     payload = Feed([log]).payload()
     assert [f["diagnosis"] for f in payload["findings"]] == ["dead_layers"]
@@ -196,14 +196,14 @@ def test_the_diagnoses_of_a_growing_log_run_again_only_when_due(tmp_path, monkey
         (entry,) = feed.payload()["findings"]
         return entry["first_step"], entry["last_step"]
 
-    monkeypatch.setattr("cockpit_core.web.feed.DIAGNOSE_SHARE", 1e-9)  # next run: never
+    monkeypatch.setattr("cockpit_web.feed.DIAGNOSE_SHARE", 1e-9)  # next run: never
     feed = Feed([log])
     assert stretch(feed) == (0, STEPS - 1)
     grow(STEPS)
     before = feed.version
     assert stretch(feed) == (0, STEPS - 1)  # the page is new, its findings the last ones
     assert feed.version > before
-    monkeypatch.setattr("cockpit_core.web.feed.DIAGNOSE_SHARE", 1e9)  # next run: at once
+    monkeypatch.setattr("cockpit_web.feed.DIAGNOSE_SHARE", 1e9)  # next run: at once
     feed = Feed([log])
     assert stretch(feed) == (0, STEPS)
     grow(STEPS + 1)

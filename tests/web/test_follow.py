@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from cockpit_web import LogFollower
 
 from cockpit_core.log import dumps, read_log
-from cockpit_core.web import LogFollower
 
 from .conftest import STEPS
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 
+from cockpit_web import Feed, render_page
+from cockpit_web.follow import LogFollower, reduced, scalar_series
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cockpit_core.log import LogFormatError, read_run
-from cockpit_core.web import Feed, render_page
-from cockpit_core.web.follow import LogFollower, reduced, scalar_series
 
 KEYS = ["loss", "grad_norm", "alpha", "time"]
 steps = st.integers(0, 4)  # few steps: runs re-record them often

@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from cockpit_dashboard import LivePlot
+from cockpit_dashboard import live as live_module
 
-from cockpit_core.dashboard import LivePlot
-from cockpit_core.dashboard import live as live_module
 from cockpit_core.errors import CockpitWarning
 
 needs_fork = pytest.mark.skipif(

@@ -9,9 +9,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from cockpit_web import make_server, render_page
 
-from cockpit_core.cli import main
-from cockpit_core.web import make_server, render_page
+from cockpit_core.cli.main import main
 
 from .conftest import STEPS
 
@@ -29,7 +29,7 @@ def _trace(payload: dict, panel: str, name: str) -> dict:
 def test_plot_html_writes_one_self_contained_page(logged_run, tmp_path, capsys):
     out = tmp_path / "dash.html"
     assert main(["plot", str(logged_run.log), "-o", str(out), "--title", "a </script> b"]) == 0
-    assert "Web view written to" in capsys.readouterr().out
+    assert f"Dashboard written to {out}" in capsys.readouterr().out
     page = out.read_text()
     assert "<script src=" not in page and "Plotly.react" in page
     assert re.search(r"plotly\.js v\d+\.\d+", page)  # the bundle is inlined

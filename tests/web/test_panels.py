@@ -5,8 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import plotly.graph_objects as go
-
-from cockpit_core.web import PANELS, TOPICS, assign, figures
+from cockpit_web import PANELS, TOPICS, assign, figures
 
 
 def test_first_party_series_go_to_the_dashboards_topics():

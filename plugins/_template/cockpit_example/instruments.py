@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cockpit_core.dashboard import Instrument, ema, series
-from cockpit_core.dashboard.style import MUTED, PRIMARY, finish, line
+from cockpit_core.panel import Instrument, ema, series
+from cockpit_core.panel.style import MUTED, PRIMARY, finish, line
 
 
 def draw_max_sample_grad_norm(ax: Any, output: Any, header: Any) -> None:

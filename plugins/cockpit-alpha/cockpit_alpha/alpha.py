@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 from pydantic import Field
@@ -107,6 +108,7 @@ class Alpha(TwoStepQuantity):
 
     name = "alpha"
     Config = AlphaConfig
+    config: AlphaConfig
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
@@ -133,12 +135,15 @@ class Alpha(TwoStepQuantity):
     def start_requirements(self) -> Requirements:
         """Sum of squared per-sample gradients, the start projections, the losses."""
         return Requirements(
-            statistics=(SUM_GRAD_SQUARED, self._start_statistic()), info={"individual_losses"}
+            statistics=(SUM_GRAD_SQUARED, self._start_statistic()),
+            info=frozenset({"individual_losses"}),
         )
 
     def end_requirements(self) -> Requirements:
         """The end projections onto the update, the losses."""
-        return Requirements(statistics=(self._end_statistic(),), info={"individual_losses"})
+        return Requirements(
+            statistics=(self._end_statistic(),), info=frozenset({"individual_losses"})
+        )
 
     # -- projection directions (after backward) and transforms (must never raise) ---------
 
@@ -276,6 +281,8 @@ class Alpha(TwoStepQuantity):
             return out
         slope = [fit.start_dot / t, fit.end_dot / t]
         end_proj = sum(o.to(torch.float64) for o in layers if o is not None) / t
+        # a tensor: with no layer, batch = 0 and _loss_statistics raised above
+        assert isinstance(end_proj, Tensor)
         var_df = [
             float(fit.in_span.var()) / t**2 + fit.diagonal / t**2,
             float(end_proj.var()),
@@ -293,7 +300,8 @@ class Alpha(TwoStepQuantity):
     # -- helpers --------------------------------------------------------------------------
 
     def _layers(self, ctx: StepContext, statistic: Statistic) -> list[Tensor | None]:
-        layers = ctx.stat(statistic)
+        # None for a parameter without gradient (the transform never ran on it)
+        layers = cast("list[Tensor | None]", ctx.stat(statistic))
         err, self._transform_error = self._transform_error, None
         if err is not None or any(t is not None and t.numel() == 0 for t in layers):
             raise RuntimeError(
@@ -308,7 +316,7 @@ class Alpha(TwoStepQuantity):
             self._predictor = UpdatePredictor(optimizer)
 
 
-def _loss_statistics(info: dict, batch: int) -> tuple[float, float]:
+def _loss_statistics(info: Mapping[str, Any], batch: int) -> tuple[float, float]:
     """``(f, Var_n(l_n))``: ``info['loss']`` (else the mean of the losses), variance with B-1."""
     losses = torch.as_tensor(info["individual_losses"]).detach().reshape(-1)
     losses = losses.to("cpu", torch.float64)

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, scalar, values
-from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, SECONDARY
+from cockpit_core.panel import Instrument, scalar, values
+from cockpit_core.panel.style import BAD, MUTED, PRIMARY, SECONDARY
 
 LIMIT = 1.5
 """The gauge shows alpha in [-LIMIT, LIMIT]; steps outside are put in the edge bins and

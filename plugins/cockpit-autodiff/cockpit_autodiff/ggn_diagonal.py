@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 
 SUPPORTED_LOSSES = ("cross_entropy", "mse")
 
@@ -66,8 +67,8 @@ def _functorch_safe(model: nn.Module) -> Iterator[None]:
                 )
         yield
     finally:
-        for module, attr, hooks in reversed(swapped):
-            setattr(module, attr, hooks)
+        for module, attr, original in reversed(swapped):
+            setattr(module, attr, original)
 
 
 def _cross_entropy_sqrt(logits: Tensor) -> Tensor:
@@ -204,7 +205,8 @@ def ggn_diagonal(
         def output(p: dict[str, Tensor]) -> Tensor:
             return functional_call(model, p, (x_n.unsqueeze(0),)).reshape(-1)
 
-        f_n, vjp_fn = vjp(output, params)
+        # without has_aux, vjp returns (output, pullback)
+        f_n, vjp_fn = cast("tuple[Tensor, Callable[..., Any]]", vjp(output, params))
         f_n = f_n.detach()
         if loss == "cross_entropy":
             if mc_samples is None:

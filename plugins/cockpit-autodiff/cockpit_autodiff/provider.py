@@ -59,10 +59,11 @@ from cockpit_autodiff.options import (
     resolve_options,
 )
 from cockpit_core import Collection, MissingInfoError, ParamSlot, StatisticProvider
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 from cockpit_core.errors import MisuseError
 from cockpit_core.statistics.func import as_call, batch_length
 
+ggn_diagonal: Callable[..., dict[str, Tensor]] | None
 try:  # written separately; until it exists the GGN kinds are declined with a reason
     from cockpit_autodiff.ggn_diagonal import ggn_diagonal
 except ImportError:  # pragma: no cover - depends on the installed version
@@ -343,7 +344,8 @@ class AutodiffProvider(StatisticProvider):
         assert model is not None
         names = self._names()
         tracked = {names[id(self.params[i])]: self.params[i] for i in served}
-        inputs, targets = info["inputs"], info.get("targets")
+        inputs = info["inputs"]
+        targets: Any = info.get("targets")  # as the user passed it; the recomputation checks it
         if stat.kind == "diag_hessian":
             entries = sum(p.numel() for p in tracked.values())
             if entries > self.hvp_limit:

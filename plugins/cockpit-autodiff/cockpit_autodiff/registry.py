@@ -7,10 +7,10 @@ subclass of the provider comes from :meth:`AutodiffProvider.configured
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from cockpit_autodiff.provider import AutodiffProvider
-from cockpit_core.registry import ProviderEntry, Registry
+from cockpit_core.plugin.registry import ProviderEntry, Registry
 
 
 def autodiff_registry(registry: Registry | None = None, **options: Any) -> Registry:
@@ -36,7 +36,8 @@ def autodiff_registry(registry: Registry | None = None, **options: Any) -> Regis
     """
     registry = registry if registry is not None else Registry.from_entry_points()
     entry = registry.providers.get(AutodiffProvider.name)
-    base: type[AutodiffProvider] = AutodiffProvider if entry is None else entry.cls
+    # the 'autodiff' entry is this plugin's provider (or a subclass configured before)
+    base = AutodiffProvider if entry is None else cast(type[AutodiffProvider], entry.cls)
     registry.providers[AutodiffProvider.name] = ProviderEntry(
         base.configured(**options),
         "cockpit-autodiff" if entry is None else entry.distribution,

@@ -13,7 +13,7 @@ from cockpit_autodiff.provider import hvp_refusal, loss_name
 from cockpit_curvature import HessTrace, TICDiag, TICTrace
 
 from cockpit_core import Cockpit
-from cockpit_core.attention import math_attention
+from cockpit_core.engine.attention import math_attention
 from cockpit_core.errors import UnsupportedModelError
 from cockpit_core.testing import check_provider, tiny_mlp, tiny_transformer
 from cockpit_core.testing.reference import explicit_ggn, explicit_hessian, per_sample_gradients

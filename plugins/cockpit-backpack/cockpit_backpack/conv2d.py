@@ -16,10 +16,13 @@ block of samples at a time. Grouped convolutions and subsampling use BackPACK's 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from backpack.extensions.firstorder.batch_grad.conv2d import BatchGradConv2d
 from backpack.extensions.secondorder.diag_ggn.conv2d import DiagGGNConv2d
 from backpack.extensions.secondorder.diag_hessian.conv2d import DiagHConv2d
+from torch import Tensor
 
 from cockpit_core.statistics.conv import ConvWeightFactors, conv_weight_diagonal
 
@@ -41,8 +44,9 @@ class UnfoldConv2d(BatchGradConv2d):
         return ConvWeightFactors(module, module.input0.detach(), g_out[0].detach())
 
 
-def _plain_conv(module: torch.nn.Module) -> bool:
-    return module.groups == 1 and module.input0.dim() == 4
+def _plain_conv(module: torch.nn.Conv2d) -> bool:
+    # input0: the layer input, which BackPACK stores on the module
+    return module.groups == 1 and cast(Tensor, module.input0).dim() == 4
 
 
 class DiagHConv2dFast(DiagHConv2d):

@@ -55,7 +55,7 @@ _GUARDED: dict[type, type] = {}
 
 def guarded(
     cls: type, identity: tuple[str, str], params: Sequence[torch.Tensor], **kwargs: object
-) -> object:
+) -> Any:
     """An instance of the guarded subclass of the BackPACK extension ``cls``.
 
     Args:

@@ -26,7 +26,7 @@ _BOOKKEEPING = frozenset({"saved_quantities", "_BackpropExtension__module_extens
 _MISSING = object()
 
 
-def base_class(extension: Any) -> type:
+def base_class(extension: Any) -> type[Any]:
     """The BackPACK class of ``extension`` (cockpit's guarded subclasses name theirs)."""
     return getattr(extension, "cockpit_base", type(extension))
 

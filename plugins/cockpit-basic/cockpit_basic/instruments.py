@@ -1,7 +1,7 @@
 """Dashboard panels of cockpit-basic: loss, performance, effective learning rate, norms, time.
 
 Each ``draw(ax, output, header)`` gets ``{step: {quantity_name: value}}`` restricted to the
-panel's quantities (see :class:`cockpit_core.dashboard.Instrument`).
+panel's quantities (see :class:`cockpit_core.instrument.Instrument`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from cockpit_basic.lr_relation import headroom, learning_rates, lr_relation
-from cockpit_core.dashboard import (
+from cockpit_core.panel import (
     Instrument,
     last,
     metric_series,
@@ -20,7 +20,7 @@ from cockpit_core.dashboard import (
     series,
     smooth,
 )
-from cockpit_core.dashboard.style import (
+from cockpit_core.panel.style import (
     MUTED,
     PRIMARY,
     SECONDARY,

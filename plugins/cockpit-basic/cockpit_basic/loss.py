@@ -7,7 +7,7 @@ class Loss(Quantity):
     """Mini-batch loss ``info["loss"]`` as a float."""
 
     name = "loss"
-    REQUIREMENTS = Requirements(info={"loss"})
+    REQUIREMENTS = Requirements(info=frozenset({"loss"}))
 
     def compute(self, ctx: StepContext) -> float:
         """Return ``float(info["loss"])``."""

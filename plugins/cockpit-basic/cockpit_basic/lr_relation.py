@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import values
+from cockpit_core.panel import values
 
 
 def _float(value: Any, default: float = 0.0) -> float:

@@ -20,7 +20,7 @@ never imports it.
 from cockpit_compat import quantities, utils
 from cockpit_compat.cockpit import Cockpit
 from cockpit_compat.plotter import CockpitPlotter
-from cockpit_core.plugins import installed_version
+from cockpit_core.plugin.discovery import installed_version
 
 __version__ = installed_version("cockpit-compat")
 

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from cockpit_compat.quantities.quantity import DROP, Quantity, is_native_quantity
-from cockpit_core.cockpit import Cockpit as NativeCockpit
+from cockpit_core.engine.cockpit import Cockpit as NativeCockpit
+from cockpit_core.engine.metrics import METRICS_KEY, REFERENCE_METRICS
 from cockpit_core.log import write_json_atomic
-from cockpit_core.metrics import METRICS_KEY, REFERENCE_METRICS
-from cockpit_core.registry import Registry, default_registry
+from cockpit_core.plugin.registry import Registry, default_registry
 
 LOG_NAMES = REFERENCE_METRICS
 """The arguments of Cockpit 1.0.2's ``log`` after ``global_step``, in order."""

@@ -1,4 +1,4 @@
-"""Cockpit 1.0.2's ``CockpitPlotter``, drawing the native dashboard (:mod:`cockpit_core.dashboard`).
+"""Cockpit 1.0.2's ``CockpitPlotter``, drawing the native dashboard (:mod:`cockpit_dashboard`).
 
 The figure is rendered headless (no pyplot) and saved as Cockpit 1.0.2 names it,
 ``{savedir}/{savename}__primary[__{savename_append}].png``. Only ``show_plot=True``
@@ -15,6 +15,8 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from cockpit_dashboard import plan, render
 
 from cockpit_compat.cockpit import LOG_NAMES, METRICS_KEY
 from cockpit_compat.cockpit import Cockpit as CompatCockpit
@@ -93,8 +95,6 @@ class CockpitPlotter:
                 Cockpit source; ``source`` of an unknown type.
 
         """
-        from cockpit_core.dashboard import plan, render
-
         if show_log_iter:
             raise ValueError(
                 "CockpitPlotter.plot(show_log_iter=True) is not supported: the native "
@@ -150,7 +150,7 @@ class CockpitPlotter:
 
 def _load(source: Any) -> tuple[LogData, Any]:
     """The data to draw and the registry to draw it with."""
-    from cockpit_core.dashboard.planning import load
+    from cockpit_core.panel.planning import load
 
     if isinstance(source, CompatCockpit):
         source = source.native
@@ -208,7 +208,7 @@ def read_legacy_log(path: str | os.PathLike) -> LogData:
                 continue
             match = _SUFFIX.match(key)
             cls = LEGACY_CLASSES.get(match["cls"]) if match else None
-            if cls is None:
+            if match is None or cls is None:
                 values[key] = value
                 continue
             native_key = cls.native_name + (match["suffix"] or "")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from pydantic import Field
@@ -112,11 +112,13 @@ class TICBase(Quantity):
     """
 
     Config = TICConfig
+    config: TICConfig
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
         cfg = self.config
         if cfg.curvature in DIAG_ESTIMATORS:
+            assert cfg.probes is not None, "the config validator fills in the estimator's probes"
             warn_if_uncalibrated(
                 self.key, "curvature", cfg.curvature, cfg.probes, "curvature='hutchinson'"
             )
@@ -125,7 +127,9 @@ class TICBase(Quantity):
         """Per-sample ``sum_n g_n^2`` and the curvature diagonal (or the loss graph)."""
         cfg = self.config
         if cfg.curvature in DIAG_ESTIMATORS:
-            return Requirements(statistics=(SUM_GRAD_SQUARED,), info={"loss"}, loss_graph=True)
+            return Requirements(
+                statistics=(SUM_GRAD_SQUARED,), info=frozenset({"loss"}), loss_graph=True
+            )
         return Requirements(
             statistics=(SUM_GRAD_SQUARED, curvature_statistic(cfg.curvature, cfg.mc_samples))
         )
@@ -165,6 +169,7 @@ class TICBase(Quantity):
         estimator = DIAG_ESTIMATORS[cfg.curvature]
         gen = step_generator(cfg.seed, ctx.step)
         dim = sum(m.numel() for m in moments)
+        assert cfg.probes is not None, "the config validator fills in the estimator's probes"
         estimate = estimator(hessian_matvec(ctx), dim, cfg.probes, gen)
         return self.with_error_bars(estimate, [m.cpu() for m in moments])
 
@@ -188,7 +193,8 @@ class TICBase(Quantity):
         """
         cfg = self.config
         sizes = [m.numel() for m in moments]
-        if not error_bars_calibrated(cfg.curvature, cfg.probes):
+        # only reached for the randomized estimators, whose probes the validator filled in
+        if not error_bars_calibrated(cfg.curvature, cast(int, cfg.probes)):
             total, per_param = self.values(moments, list(torch.split(estimate.diagonal, sizes)))
             out = self.as_output(total, per_param)
             out.update(std_error=None, std_error_per_param=None, hvps=estimate.hvps)

@@ -79,7 +79,7 @@ class HessMaxEV(WarmStartedLanczos, Quantity):
 
     name = "hess_max_ev"
     Config = HessMaxEVConfig
-    REQUIREMENTS = Requirements(info={"loss"}, loss_graph=True)
+    REQUIREMENTS = Requirements(info=frozenset({"loss"}), loss_graph=True)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"value", "eigenvalues", "hvps", "converged"}``.

@@ -105,7 +105,7 @@ class HessSpectrum(WarmStartedLanczos, Quantity):
 
     name = "hess_spectrum"
     Config = HessSpectrumConfig
-    REQUIREMENTS = Requirements(info={"loss"}, loss_graph=True)
+    REQUIREMENTS = Requirements(info=frozenset({"loss"}), loss_graph=True)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"top", "nodes", "weights", "grid", "density", "sigma", "hvps", "converged"}``.

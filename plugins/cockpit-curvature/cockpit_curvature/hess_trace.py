@@ -93,18 +93,20 @@ class HessTrace(Quantity):
 
     name = "hess_trace"
     Config = HessTraceConfig
+    config: HessTraceConfig
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
         cfg = self.config
         if cfg.method in _MIN_PROBES:
+            assert cfg.probes is not None, "the config validator fills in the method's probes"
             warn_if_uncalibrated(self.key, "method", cfg.method, cfg.probes, "method='hutchpp'")
 
     def requirements(self) -> Requirements:
         """A curvature statistic, or the loss graph for the randomized methods."""
         cfg = self.config
         if cfg.method in _MIN_PROBES:
-            return Requirements(info={"loss"}, loss_graph=True)
+            return Requirements(info=frozenset({"loss"}), loss_graph=True)
         return Requirements(statistics=(curvature_statistic(cfg.method, cfg.mc_samples),))
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
@@ -119,6 +121,7 @@ class HessTrace(Quantity):
             estimator = ESTIMATORS[cfg.method]
             sizes = [p.numel() for p in ctx.params]
             gen = step_generator(cfg.seed, ctx.step)
+            assert cfg.probes is not None, "the config validator fills in the method's probes"
             est = estimator(hessian_matvec(ctx), sizes, cfg.probes, gen)
             out = total_and_per_param(list(est.per_param))
             calibrated = error_bars_calibrated(cfg.method, cfg.probes)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import (
+from cockpit_core.panel import (
     Instrument,
     param_names,
     per_param_series,
@@ -22,7 +22,7 @@ from cockpit_core.dashboard import (
     smooth,
     values,
 )
-from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, SECONDARY, finish, line, positive
+from cockpit_core.panel.style import BAD, MUTED, PRIMARY, SECONDARY, finish, line, positive
 
 
 def _log_if_wide(ax: Any, vals: np.ndarray) -> bool:
@@ -56,7 +56,7 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
     entries = values(output, "hess_max_ev")
     steps = np.asarray([s for s, _ in entries], dtype=float)
     lam = np.asarray([_eigenvalue(v) for _, v in entries], dtype=float)
-    extra = [
+    extra: list[np.ndarray | list[float]] = [
         np.atleast_1d(v.get("eigenvalues", [])) if isinstance(v, Mapping) else []
         for _, v in entries
     ]

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, values
-from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, finish, mark_nonfinite, positive
+from cockpit_core.panel import Instrument, values
+from cockpit_core.panel.style import BAD, MUTED, PRIMARY, finish, mark_nonfinite, positive
 from cockpit_curvature.stability import (
     EOS_FRACTION,
     EOS_MIN_STEPS,

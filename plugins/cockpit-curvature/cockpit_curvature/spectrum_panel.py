@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, values
-from cockpit_core.dashboard.style import BAD, SECONDARY, finish, message
+from cockpit_core.panel import Instrument, values
+from cockpit_core.panel.style import BAD, SECONDARY, finish, message
 
 CMAP = "Greens"
 DECADES = 6.0

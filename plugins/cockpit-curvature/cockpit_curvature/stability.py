@@ -126,7 +126,7 @@ def threshold(hparams: Any) -> tuple[float, str]:
 
 
 def _sgd_group(group: Mapping[str, Any]) -> tuple[float, str]:
-    hp = {k: group.get(k) for k in _SGD_KEYS}
+    hp: dict[str, Any] = {k: group.get(k) for k in _SGD_KEYS}
     if hp["maximize"]:
         return math.nan, "SGD with maximize=True ascends: no threshold for lambda_max."
     try:
@@ -140,7 +140,9 @@ def _sgd_group(group: Mapping[str, Any]) -> tuple[float, str]:
 
 
 def aligned_thresholds(
-    steps: Sequence[float], hparam_steps: Sequence[float], thresholds: Sequence[float]
+    steps: Sequence[float] | np.ndarray,
+    hparam_steps: Sequence[float] | np.ndarray,
+    thresholds: Sequence[float] | np.ndarray,
 ) -> np.ndarray:
     """The threshold in force at each of ``steps``: the last one logged at or before it."""
     hs = np.asarray(hparam_steps, dtype=float)
@@ -153,9 +155,9 @@ def aligned_thresholds(
 
 
 def edge_of_stability_spans(
-    steps: Sequence[float],
-    lam: Sequence[float],
-    thresholds: Sequence[float],
+    steps: Sequence[float] | np.ndarray,
+    lam: Sequence[float] | np.ndarray,
+    thresholds: Sequence[float] | np.ndarray,
     fraction: float = EOS_FRACTION,
     min_steps: int = EOS_MIN_STEPS,
 ) -> list[tuple[float, float, int]]:

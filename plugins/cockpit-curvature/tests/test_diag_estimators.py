@@ -339,7 +339,7 @@ def test_options_are_validated():
 
 def test_refused_exact_diagonal_names_the_estimators():
     autodiff = pytest.importorskip("cockpit_autodiff")
-    from cockpit_core.registry import ProviderEntry, Registry
+    from cockpit_core.plugin.registry import ProviderEntry, Registry
     from cockpit_core.testing import tiny_transformer
 
     class Bounded(autodiff.AutodiffProvider):

@@ -53,6 +53,7 @@ class BatchSize(Diagnosis):
     reads = tuple(TESTS)
     source = "Byrd et al. (2012); Bollapragada et al. (2018): adaptive sampling tests"
     Config = BatchSizeConfig
+    config: BatchSizeConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

@@ -43,6 +43,7 @@ class CABSBatch(Diagnosis):
     reads = ("cabs",)
     source = "Balles, Romero & Hennig (2017), CABS, UAI, Eq. (22)"
     Config = CABSBatchConfig
+    config: CABSBatchConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

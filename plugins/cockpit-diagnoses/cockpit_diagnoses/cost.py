@@ -169,6 +169,7 @@ class Cost(Diagnosis):
     reads_records = ("cost",)
     source = "rule: cockpit's measured overhead against the user's budget"
     Config = CostConfig
+    config: CostConfig
 
     def check(self, window: Window) -> list[Finding]:
         """Return one finding if the overhead is above the budget."""

@@ -29,6 +29,7 @@ class DeadLayers(Diagnosis):
     reads = ("grad_norm",)
     source = "rule: ||grad|| == 0 exactly at every step of a window (per parameter)"
     Config = DeadLayersConfig
+    config: DeadLayersConfig
 
     def check(self, window: Window) -> list[Finding]:
         """Return one finding per first step at which parameters went dead."""

@@ -33,6 +33,7 @@ class EarlyStopping(Diagnosis):
     reads = ("early_stopping",)
     source = "Mahsereci et al. (2017), Early stopping without a validation set, Eq. (7)"
     Config = EarlyStoppingConfig
+    config: EarlyStoppingConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

@@ -34,6 +34,7 @@ class ExplodingGradients(Diagnosis):
     reads = ("grad_norm",)
     source = "rule: ||grad|| >= growth x its minimum over the last window of tracked steps"
     Config = ExplodingGradientsConfig
+    config: ExplodingGradientsConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

@@ -36,6 +36,7 @@ class GSNRCollapse(Diagnosis):
     reads = ("mean_gsnr",)
     source = "Liu et al. (2020), GSNR, ICLR; rule: mean GSNR < ratio x its early median"
     Config = GSNRCollapseConfig
+    config: GSNRCollapseConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

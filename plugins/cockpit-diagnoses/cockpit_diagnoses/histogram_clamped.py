@@ -36,6 +36,7 @@ class HistogramClamped(Diagnosis):
     reads = ("grad_hist_1d",)
     source = "rule: edge-bin share of grad_hist_1d (values outside the range are clamped)"
     Config = HistogramClampedConfig
+    config: HistogramClampedConfig
 
     def check(self, window: Window) -> list[Finding]:
         """Return the stretches where the edge bins hold too much of the histogram."""

@@ -36,6 +36,7 @@ class LossPlateau(Diagnosis):
     reads = ("loss",)
     source = "rule: least-squares trend of the loss over a window"
     Config = LossPlateauConfig
+    config: LossPlateauConfig
 
     def check(self, window: Window) -> list[Finding]:
         """Return the merged stretches of flat windows."""

@@ -11,7 +11,7 @@ Each finding of these rules declares the knobs its suggestion turns, alternative
 - nothing: ``dead_layers``, ``histogram_clamped``, ``cost``.
 
 When two findings of one run whose stretches overlap advise opposite directions, the
-report (:func:`cockpit_core.diagnose.report_entries`) keeps the one whose evidence a rule
+report (:func:`cockpit_core.diagnosing.run.report_entries`) keeps the one whose evidence a rule
 of :data:`PRECEDENCE` puts first and lists the other under it, with the rule's reason;
 opposite advice that no rule decides becomes one conflict entry naming both. Each
 diagnosis class declares the rules it wins (``precedence = won_by(name)``), so the core

@@ -46,6 +46,7 @@ class Stability(Diagnosis):
     reads = ("hess_max_ev", "optimizer_hparams")
     source = "Cohen et al. (2021), Edge of Stability, ICLR: lambda_max < (2 + 2 beta) / lr"
     Config = StabilityConfig
+    config: StabilityConfig
     precedence = won_by(name)
 
     def applies(self, window: Window) -> bool:

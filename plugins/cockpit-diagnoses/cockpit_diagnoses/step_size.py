@@ -39,6 +39,7 @@ class StepSize(Diagnosis):
     reads = ("alpha",)
     source = "Schneider, Dangel & Hennig (2021), Cockpit, NeurIPS: the alpha instrument"
     Config = StepSizeConfig
+    config: StepSizeConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

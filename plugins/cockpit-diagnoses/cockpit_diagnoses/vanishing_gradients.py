@@ -41,6 +41,7 @@ class VanishingGradients(Diagnosis):
     reads = ("grad_norm",)
     source = "Glorot & Bengio (2010); rule: ||grad_p|| < ratio x its early median"
     Config = VanishingGradientsConfig
+    config: VanishingGradientsConfig
     precedence = won_by(name)
 
     def check(self, window: Window) -> list[Finding]:

@@ -8,10 +8,10 @@ import torch
 from cockpit_diagnoses import Cost
 from cockpit_diagnoses.cost import estimate
 
-from cockpit_core.cli import main
-from cockpit_core.diagnose import diagnose, exit_code
+from cockpit_core.cli.main import main
+from cockpit_core.diagnosing.run import diagnose, exit_code
+from cockpit_core.diagnosing.runner import DiagnosisRunner
 from cockpit_core.diagnosis import Window
-from cockpit_core.diagnosis_runner import DiagnosisRunner
 from cockpit_core.log import read_records, read_run
 
 

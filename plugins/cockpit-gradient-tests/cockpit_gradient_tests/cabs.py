@@ -57,10 +57,11 @@ class CABS(Quantity):
 
     name = "cabs"
     Config = CABSConfig
+    config: CABSConfig
 
     def requirements(self) -> Requirements:
         """``SUM_GRAD_SQUARED`` and ``info["loss"]``; ``info["optimizer"]`` unless ``lr`` is set."""
-        info = {"loss"} if self.config.lr is not None else {"loss", "optimizer"}
+        info = frozenset({"loss"} if self.config.lr is not None else {"loss", "optimizer"})
         return Requirements(statistics=(SUM_GRAD_SQUARED,), info=info)
 
     def compute(self, ctx: StepContext) -> dict:

@@ -39,6 +39,7 @@ class EarlyStopping(Quantity):
 
     name = "early_stopping"
     Config = EarlyStoppingConfig
+    config: EarlyStoppingConfig
     REQUIREMENTS = Requirements(statistics=(SUM_GRAD_SQUARED,))
 
     def compute(self, ctx: StepContext) -> dict:

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, last, scalar, series, smooth
-from cockpit_core.dashboard.style import (
+from cockpit_core.panel import Instrument, last, scalar, series, smooth
+from cockpit_core.panel.style import (
     BAD,
     MUTED,
     PRIMARY,

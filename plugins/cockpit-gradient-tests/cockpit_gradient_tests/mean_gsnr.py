@@ -33,6 +33,7 @@ class MeanGSNR(Quantity):
 
     name = "mean_gsnr"
     Config = MeanGSNRConfig
+    config: MeanGSNRConfig
     REQUIREMENTS = Requirements(statistics=(SUM_GRAD_SQUARED,))
 
     def compute(self, ctx: StepContext) -> dict:

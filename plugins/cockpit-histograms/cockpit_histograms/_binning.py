@@ -13,6 +13,7 @@ bin edge.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -78,7 +79,7 @@ def check_range(value: tuple[float, float], what: str) -> tuple[float, float]:
     return (lo, hi)
 
 
-def _scan(v: Tensor) -> tuple[bool, Tensor]:
+def scan(v: Tensor) -> tuple[bool, Tensor]:
     """``(all finite?, largest finite |v|)`` of a chunk (see :func:`_scan_range`)."""
     finite, top, _ = _scan_range(v, -math.inf, math.inf)
     return finite, top
@@ -99,12 +100,12 @@ def _scan_range(v: Tensor, lo: float, hi: float) -> tuple[bool, Tensor, bool]:
         low, high = float(vmin), float(vmax)
         if math.isfinite(low) and math.isfinite(high):
             top = torch.maximum(vmin.abs(), vmax.abs()).to(torch.float64)
-            return True, top, _within(low, high, lo, hi)
+            return True, top, within(low, high, lo, hi)
     top = torch.where(torch.isfinite(v), v.abs(), -1.0).max()
     return False, top.to(torch.float64), False
 
 
-def _within(low: float, high: float, lo: float, hi: float) -> bool:
+def within(low: float, high: float, lo: float, hi: float) -> bool:
     """Whether ``[low, high]`` lies in ``[lo, hi]`` and in its float32 rounding.
 
     Clamping such values is a no-op whichever precision the bounds are applied in, so
@@ -186,7 +187,7 @@ def hist2d_layer(
     device = per_sample.device
     grads = per_sample.reshape(batch, n)
     theta = param.detach().reshape(n).to(torch.float32)
-    theta_finite, theta_top = _scan(theta)
+    theta_finite, theta_top = scan(theta)
     iy = ((theta.clamp(ylo + wy / 2, yhi - wy / 2) - ylo) / wy).long().to(torch.float32)
     iy_int = iy.to(torch.int32)
     size = xbins * ybins
@@ -200,7 +201,7 @@ def hist2d_layer(
     low, high = xlo + wx / 2, xhi - wx / 2
     for start in range(0, batch if n else 0, rows):
         g = grads[start : start + rows].to(torch.float32)
-        finite, top = _scan(g)
+        finite, top = scan(g)
         tops.append(top)
         ok = None
         if not finite:
@@ -232,7 +233,7 @@ def hist2d_layer(
     return torch.cat([counts, bad, bad_params, tops_max, theta_top.reshape(1)])
 
 
-def stack_layers(layers: list[Tensor | None], width: int, maxima: int) -> Tensor:
+def stack_layers(layers: Sequence[Tensor | None], width: int, maxima: int) -> Tensor:
     """Stack per-layer results on one device.
 
     A parameter without gradient gets zeros, and ``-1`` ("nothing observed") in its last
@@ -247,14 +248,14 @@ def stack_layers(layers: list[Tensor | None], width: int, maxima: int) -> Tensor
     return torch.stack([empty if t is None else t.to(device) for t in layers])
 
 
-def param_abs_max(params: list[Tensor]) -> float:
+def param_abs_max(params: Sequence[Tensor]) -> float:
     """Largest finite ``|theta_i|`` over all parameters (``-1`` if there is none)."""
     device = params[0].device if params else torch.device("cpu")
-    tops = [_scan(p.detach().reshape(-1))[1].to(device) for p in params if p.numel()]
+    tops = [scan(p.detach().reshape(-1))[1].to(device) for p in params if p.numel()]
     return float(torch.stack(tops).max()) if tops else -1.0
 
 
-def check_layers(layers: list[Tensor | None], width: int, names: list[str]) -> None:
+def check_layers(layers: Sequence[Tensor | None], width: int, names: Sequence[str]) -> None:
     """Raise if a layer's result does not have the expected ``width`` (a broken backend).
 
     A transform that raised never gets here: the core reports it through ``ctx.stat``.

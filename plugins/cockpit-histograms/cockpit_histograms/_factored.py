@@ -64,6 +64,10 @@ def hist1d_factored(d: Tensor, a: Tensor, lo: float, hi: float, bins: int) -> Te
     if not math.isfinite(float(top)):
         return _binning.hist1d_layer(d[:, :, None] * a[:, None, :], lo, hi, bins)
     batch, n_out, n_in = d.shape[0], d.shape[1], a.shape[1]
+    nonzero_d: Tensor | None
+    nonzero_a: Tensor | None
+    k_d: Tensor | None
+    k_a: Tensor | None
     nonzero_d, nonzero_a = d != 0, a != 0
     k_d, k_a = nonzero_d.sum(1), nonzero_a.sum(1)
     n_nonzero = int((k_d * k_a).sum())
@@ -79,7 +83,7 @@ def hist1d_factored(d: Tensor, a: Tensor, lo: float, hi: float, bins: int) -> Te
     a_min, a_max = torch.aminmax(a, dim=1)
     corners = torch.stack([d_min * a_min, d_min * a_max, d_max * a_min, d_max * a_max])
     corners = corners.to(torch.float32)
-    inside = _binning._within(float(corners.min()), float(corners.max()), lo, hi)
+    inside = _binning.within(float(corners.min()), float(corners.max()), lo, hi)
 
     buffer = torch.empty(min(max(BUFFER, n_in), max(n_nonzero, 1)), dtype=torch.float32)
     for chunk in _products(d, a, nonzero_d, nonzero_a, k_d, k_a, buffer, n_nonzero):
@@ -139,6 +143,7 @@ def _products(
             return
         sample_rows = ((d[n], a[n]) for n in range(batch))
     else:
+        assert nonzero_a is not None and k_d is not None and k_a is not None, "masks come together"
         sample_rows = (
             (d[n][nonzero_d[n]], a[n][nonzero_a[n]])
             for n, (kd, ka) in enumerate(zip(k_d.tolist(), k_a.tolist()))
@@ -146,9 +151,9 @@ def _products(
         )
     for d_n, a_n in sample_rows:
         width = a_n.numel()
-        rows = max(1, buffer.numel() // width)
-        for r in range(0, d_n.numel(), rows):
-            part = d_n[r : r + rows]
+        n_rows = max(1, buffer.numel() // width)
+        for r in range(0, d_n.numel(), n_rows):
+            part = d_n[r : r + n_rows]
             size = part.numel() * width
             if fill + size > buffer.numel():
                 yield buffer[:fill]

@@ -84,7 +84,7 @@ def hist2d_factored(
 
     # parameter bins, as hist2d_layer (exact integers, so int32 joint indices are equal)
     theta32 = theta.reshape(n_out, n_in).to(torch.float32)
-    _, theta_top = _binning._scan(theta32)
+    _, theta_top = _binning.scan(theta32)
     iy = ((theta32.clamp(ylo + wy / 2, yhi - wy / 2) - ylo) / wy).to(torch.int32)
 
     def x_bin(v: Tensor, clamp: bool) -> Tensor:  # the x-bin of hist2d_layer, in place
@@ -124,7 +124,7 @@ def hist2d_factored(
     a_min, a_max = torch.aminmax(a, dim=1)
     corners = torch.stack([d_min * a_min, d_min * a_max, d_max * a_min, d_max * a_max])
     corners = corners.to(torch.float32)
-    clamp = not _binning._within(float(corners.min()), float(corners.max()), low, high)
+    clamp = not _binning.within(float(corners.min()), float(corners.max()), low, high)
 
     values = torch.empty(min(max(BUFFER, iy.shape[1]), max(n_formed, 1)), dtype=torch.float32)
     index = torch.empty(values.shape, dtype=torch.int32)

@@ -80,6 +80,7 @@ class GradHist1d(Quantity):
 
     name = "grad_hist_1d"
     Config = GradHist1dConfig
+    config: GradHist1dConfig
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)

@@ -93,6 +93,7 @@ class GradHist2d(Quantity):
 
     name = "grad_hist_2d"
     Config = GradHist2dConfig
+    config: GradHist2dConfig
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
@@ -147,8 +148,8 @@ class GradHist2d(Quantity):
         size = xbins * ybins
         layers = ctx.stat(self._statistic())
         check_layers(layers, size + EXTRA_2D, ctx.param_names)
-        table = stack_layers(layers, size + EXTRA_2D, maxima=2)
-        table = table.cpu().numpy()  # one device sync for all layers
+        rows = stack_layers(layers, size + EXTRA_2D, maxima=2)
+        table = rows.cpu().numpy()  # one device sync for all layers
         per_param = np.rint(table[:, :size]).astype(np.int64).reshape(-1, xbins, ybins)
         bad = np.rint(table[:, size : size + 4].sum(0)).astype(np.int64)
         maxima = table[:, size + 4 :].max(0) if len(table) else np.array([-1.0, -1.0])

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.dashboard import Instrument, last, param_names, values
-from cockpit_core.dashboard.style import BAD, MUTED, PRIMARY, finish, message
+from cockpit_core.panel import Instrument, last, param_names, values
+from cockpit_core.panel.style import BAD, MUTED, PRIMARY, finish, message
 
 CMAP = "Blues"
 
@@ -42,8 +42,9 @@ def _nonfinite_note(ax: Any, value: Any) -> None:
 def draw_hist_1d(ax: Any, output: Any, header: Any) -> None:
     """Histogram of the last step's per-sample gradient elements (log counts)."""
     step, value = last(output, "grad_hist_1d")
-    counts = np.asarray(value["hist"], dtype=float)
-    edges = np.asarray(value["edges"], dtype=float)
+    assert value is not None, "drawn only when grad_hist_1d was logged (the panel's quantity)"
+    counts = np.asarray(value["hist"], dtype=np.float64)
+    edges = np.asarray(value["edges"], dtype=np.float64)
     ax.stairs(counts, edges, fill=True, color=PRIMARY, alpha=0.85)
     if (counts > 0).any():
         ax.set_yscale("log")
@@ -70,14 +71,14 @@ def _common_grid(entries: list[tuple[int, Any]]) -> tuple[np.ndarray, np.ndarray
     With a fixed range this is the identity; with an adapted range the counts are moved by
     linear interpolation of the cumulative counts (exact at coinciding edges).
     """
-    all_edges = [np.asarray(v["edges"], dtype=float) for _, v in entries]
+    all_edges = [np.asarray(v["edges"], dtype=np.float64) for _, v in entries]
     bins = len(all_edges[-1]) - 1
     lo = min(e[0] for e in all_edges)
     hi = max(e[-1] for e in all_edges)
     grid = np.linspace(lo, hi, bins + 1)
     columns = []
     for (_, v), e in zip(entries, all_edges):
-        counts = np.asarray(v["hist"], dtype=float)
+        counts = np.asarray(v["hist"], dtype=np.float64)
         if len(e) == len(grid) and np.allclose(e, grid):
             columns.append(counts)
         else:
@@ -97,7 +98,7 @@ def draw_hist_1d_time(ax: Any, output: Any, header: Any) -> None:
     """Gradient element histogram of every tracked step: steps on x, value on y."""
     entries = values(output, "grad_hist_1d")
     counts, grid = _common_grid(entries)
-    steps = np.asarray([s for s, _ in entries], dtype=float)
+    steps = np.asarray([s for s, _ in entries], dtype=np.float64)
     mesh = ax.pcolormesh(_step_edges(steps), grid, np.log10(1 + counts), cmap=CMAP, shading="flat")
     ax.axhline(0.0, color=MUTED, lw=0.6)
     cbar = ax.figure.colorbar(mesh, ax=ax, pad=0.01, fraction=0.05)
@@ -115,8 +116,9 @@ def _has_per_param_1d(output: Any) -> bool:
 def draw_hist_1d_layers(ax: Any, output: Any, header: Any) -> None:
     """Last step's histogram of each parameter: one row per parameter."""
     step, value = last(output, "grad_hist_1d")
-    per = np.asarray(value["per_param"], dtype=float)
-    edges = np.asarray(value["edges"], dtype=float)
+    assert value is not None, "drawn only when grad_hist_1d was logged (the panel's quantity)"
+    per = np.asarray(value["per_param"], dtype=np.float64)
+    edges = np.asarray(value["edges"], dtype=np.float64)
     rows = np.arange(per.shape[0] + 1) - 0.5
     ax.pcolormesh(edges, rows, np.log10(1 + per), cmap=CMAP, shading="flat")
     names = param_names(header, per.shape[0])
@@ -132,9 +134,10 @@ def draw_hist_1d_layers(ax: Any, output: Any, header: Any) -> None:
 def draw_hist_2d(ax: Any, output: Any, header: Any) -> None:
     """Joint histogram of (gradient element, parameter element) with both marginals."""
     step, value = last(output, "grad_hist_2d")
-    hist = np.asarray(value["hist"], dtype=float)
-    xe = np.asarray(value["x_edges"], dtype=float)
-    ye = np.asarray(value["y_edges"], dtype=float)
+    assert value is not None, "drawn only when grad_hist_2d was logged (the panel's quantity)"
+    hist = np.asarray(value["hist"], dtype=np.float64)
+    xe = np.asarray(value["x_edges"], dtype=np.float64)
+    ye = np.asarray(value["y_edges"], dtype=np.float64)
     ax.set_axis_off()
     joint = ax.inset_axes((0.0, 0.0, 0.74, 0.72))
     top = ax.inset_axes((0.0, 0.74, 0.74, 0.26), sharex=joint)
@@ -165,9 +168,10 @@ def _has_per_param_2d(output: Any) -> bool:
 def draw_hist_2d_layers(ax: Any, output: Any, header: Any) -> None:
     """Joint histogram of each parameter (up to 8), last step."""
     step, value = last(output, "grad_hist_2d")
-    per = np.asarray(value["per_param"], dtype=float)
-    xe = np.asarray(value["x_edges"], dtype=float)
-    ye = np.asarray(value["y_edges"], dtype=float)
+    assert value is not None, "drawn only when grad_hist_2d was logged (the panel's quantity)"
+    per = np.asarray(value["per_param"], dtype=np.float64)
+    xe = np.asarray(value["x_edges"], dtype=np.float64)
+    ye = np.asarray(value["y_edges"], dtype=np.float64)
     names = param_names(header, per.shape[0])
     shown = min(per.shape[0], 8)
     ax.set_axis_off()

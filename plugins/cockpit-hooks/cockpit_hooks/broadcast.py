@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -288,5 +288,6 @@ def _tensors(args: tuple, kwargs: dict) -> list[Tensor]:
 
 def _name(func: Any) -> str:
     """``torch.matmul``, ``TensorBase.mm``: how a use is named in messages."""
-    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    # functions' (qualified) names are strings
+    name = cast(str, getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
     return name if "." in name else f"torch.{name}"

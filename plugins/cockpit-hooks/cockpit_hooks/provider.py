@@ -297,8 +297,8 @@ class HooksProvider(StatisticProvider):
             return False
         by_module: dict[torch.nn.Module, list[tuple[int, str, str]]] = {}
         for role, origin in roles.items():
-            direct = self._servings.direct.get(origin.key)  # type: ignore[arg-type]
-            if direct is None:
+            direct = None if origin.key is None else self._servings.direct.get(origin.key)
+            if direct is None or origin.key is None:  # not a direct parameter
                 return False
             by_module.setdefault(direct.module, []).append((origin.key, direct.attr, role))
         for module, params in by_module.items():
@@ -374,7 +374,8 @@ class HooksProvider(StatisticProvider):
                 mean = total * (col.per_sample_scale / samples)
                 if self._verified.get(i) != how:
                     self._verify(i, how, grads.mean(), mean, self._coarsest(i, total))
-                grads.mean = lambda mean=mean: mean  # type: ignore[method-assign]
+                # an instance's method replaced by a closure: not expressible in the types
+                grads.mean = lambda mean=mean: mean  # type: ignore[method-assign,misc]
         except Exception as err:  # never break backward(): report the statistic missing
             self._fail(col, i, str(err))
             return
@@ -453,9 +454,10 @@ class HooksProvider(StatisticProvider):
 
     def _piece(self, site: Site, rule: Rule, samples: int, factor: float) -> tuple[Any, Tensor]:
         """``(saved, output gradient)`` of one use for its rule, scaled to the micro-batch."""
-        if not site.broadcast:
-            return site.saved, site.grad if factor == 1 else site.grad * factor
         per_sample = site.per_sample
+        if per_sample is None:  # not broadcast: the output's gradient completed the use
+            assert site.grad is not None, "only complete sites are pieces"
+            return site.saved, site.grad if factor == 1 else site.grad * factor
         if site.grad is not None:  # the total: every use of the output was a broadcast?
             err = gradient_mismatch(per_sample.sum(0), site.grad)
             if err > mismatch_tolerance(per_sample.dtype):

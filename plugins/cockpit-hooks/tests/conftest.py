@@ -39,8 +39,8 @@ from cockpit_core import (
     per_sample_transform,
 )
 from cockpit_core.errors import UnsupportedModelError
-from cockpit_core.testing.provider_reference import directions, dots, relative_error
-from cockpit_core.testing.provider_reference import reference_statistic as reference
+from cockpit_core.testing.providers.reference import directions, dots, relative_error
+from cockpit_core.testing.providers.reference import reference_statistic as reference
 from cockpit_core.testing.reference import per_sample_gradients_from_losses as per_sample_loop
 
 TOL = 1e-10
@@ -54,7 +54,7 @@ def _cubes(grads: Tensor, param: Tensor) -> Tensor:
     """Additive over samples, as ``reduce="sum"`` requires (blocks of samples add up).
 
     Weighted by ``cos(theta)``, unlike the kit's
-    :func:`~cockpit_core.testing.provider_reference.cubes` (``theta``).
+    :func:`~cockpit_core.testing.providers.reference.cubes` (``theta``).
     """
     return (grads**3).sum(0) * torch.cos(param)
 
@@ -66,7 +66,7 @@ def _abs_max(grads: Tensor, param: Tensor) -> Tensor:
 def _dots_factored(grads: PerSampleGrads, param: Tensor) -> Tensor:
     """``g_n . theta`` for the forms with a known closed form, ``NotImplemented`` otherwise.
 
-    Unlike the kit's :func:`~cockpit_core.testing.provider_reference.dots_factored`
+    Unlike the kit's :func:`~cockpit_core.testing.providers.reference.dots_factored`
     (``grads.dot`` on every form), it checks the factors of ``OuterProductGrads`` with an
     independent formula and exercises the fallback to ``fn`` on the other forms.
     """

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from cockpit_core.cockpit import Cockpit
+from cockpit_core.engine.cockpit import Cockpit
 from cockpit_core.errors import MisuseError
 from cockpit_core.hosts.parameters import batch_size_of
 from cockpit_core.hosts.per_sample import (
@@ -64,7 +64,7 @@ class HostedCallback(Protocol):
 
     @property
     def loss_fn(self) -> LossSpec:
-        """The per-sample loss (a name of :mod:`cockpit_core.losses`, a callable, ``None``)."""
+        """The per-sample loss (a name of :mod:`cockpit_core.engine.losses`, a callable, ``None``)."""
         ...
 
     @property

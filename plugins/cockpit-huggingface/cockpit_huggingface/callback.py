@@ -52,8 +52,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "pip install cockpit-huggingface (or pip install transformers accelerate)."
     ) from err
 
-from cockpit_core.cockpit import Cockpit
 from cockpit_core.diagnosis import Finding
+from cockpit_core.engine.cockpit import Cockpit
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.hosts.parameters import trainable_named_parameters
 from cockpit_core.hosts.per_sample import LossSpec, check_loss_spec, loss_for_attach
@@ -82,7 +82,7 @@ class CockpitCallback(TrainerCallback):
         loss_fn: The per-sample loss: ``"auto"`` (default: ``causal_lm`` for a causal LM,
             ``cross_entropy``/``mse``/``bce_with_logits`` for sequence classification by the
             model's ``problem_type``, ``cross_entropy`` per token for token classification,
-            else what fits the logits and labels), a name of :mod:`cockpit_core.losses`,
+            else what fits the logits and labels), a name of :mod:`cockpit_core.engine.losses`,
             a callable ``loss(outputs, labels) -> [B]`` whose mean is the loss your
             ``compute_loss`` returns, or ``None`` (none). It is checked once against the
             Trainer's loss. A name or callable also goes to ``cp.attach`` (the

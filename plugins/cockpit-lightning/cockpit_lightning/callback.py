@@ -42,8 +42,11 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "pip install cockpit-lightning (or pip install lightning)."
     ) from err
 
-from cockpit_core.cockpit import Cockpit
+from cockpit_dashboard.image import dashboard_image
+
 from cockpit_core.diagnosis import Finding
+from cockpit_core.engine.cockpit import Cockpit
+from cockpit_core.engine.mixed_precision import loss_scale
 from cockpit_core.errors import CockpitWarning, MisuseError
 from cockpit_core.hosts.parameters import (
     batch_size_of,
@@ -62,12 +65,7 @@ from cockpit_core.hosts.per_sample import (
     scaled,
     targets_of,
 )
-from cockpit_core.hosts.reporting import (
-    FindingReporter,
-    ScalarReporter,
-    dashboard_image,
-)
-from cockpit_core.mixed_precision import loss_scale
+from cockpit_core.hosts.reporting import FindingReporter, ScalarReporter
 from cockpit_lightning._graph import GraphKeeper
 from cockpit_lightning._steps import AccumulatedStep, second_backward_message
 
@@ -88,7 +86,7 @@ class CockpitCallback(Callback):
         loss_fn: The per-sample loss, for quantities that need ``info["individual_losses"]``
             (``alpha``, ``early_stopping``): ``"auto"`` (default: what fits the model's
             output and the batch's targets, ``cross_entropy`` for class scores and class
-            ids), a name of :mod:`cockpit_core.losses` (``"cross_entropy"``, ``"mse"``,
+            ids), a name of :mod:`cockpit_core.engine.losses` (``"cross_entropy"``, ``"mse"``,
             ``"bce_with_logits"``, ``"causal_lm"``), a callable ``loss(outputs, targets)
             -> [B]`` whose mean is the loss ``training_step`` returns, or ``None`` (none).
             Computed from the output of the module (or of the child module
@@ -451,7 +449,7 @@ class CockpitCallback(Callback):
 
     def _log_dashboards(self, trainer: Any) -> None:
         """The dashboard of each Cockpit into every logger with ``experiment.add_image``."""
-        writers = [
+        writers: list[Any] = [
             exp
             for exp in (getattr(lg, "experiment", None) for lg in trainer.loggers)
             if callable(getattr(exp, "add_image", None))

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cockpit_dashboard import render
 from pydantic import BaseModel, ConfigDict, Field
 
 from cockpit_core import CockpitWarning
@@ -201,8 +202,6 @@ class MlflowSink:
 
     def _dashboard(self, log: Path) -> Path | None:
         """Render the dashboard of the log; a failure warns and logs no picture."""
-        from cockpit_core.dashboard import render
-
         path = log.with_name("dashboard.png")
         try:
             with warnings.catch_warnings():

@@ -23,7 +23,7 @@ from mlflow import MlflowClient  # noqa: E402
 
 from cockpit_core import CockpitWarning, ConfigError, Registry  # noqa: E402
 from cockpit_core.log import read_run  # noqa: E402
-from cockpit_core.registry import default_registry  # noqa: E402
+from cockpit_core.plugin.registry import default_registry  # noqa: E402
 from cockpit_core.testing import run_cockpit, tiny_mlp  # noqa: E402
 
 F64 = 1e-12

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from cockpit_dashboard import render
+from cockpit_dashboard.image import figure_rgb
 
-from cockpit_core.dashboard import render
 from cockpit_core.log import LogData
 
 
@@ -60,14 +61,10 @@ class DashboardImages:
 
     def image(self) -> np.ndarray:
         """Render the dashboard of every record so far: ``uint8[height, width, 3]`` (RGB)."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
         self.data.output = dict(sorted(self.data.output.items()))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a failing panel is already shown in the picture
             figure = render(self.data, None, dpi=self.dpi)
-        canvas = FigureCanvasAgg(figure)
-        canvas.draw()
         self._last = self._newest
         self._unshown = False
-        return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+        return figure_rgb(figure)

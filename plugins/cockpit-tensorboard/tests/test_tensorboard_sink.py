@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 from cockpit_core import ConfigError, Registry, UnknownSinkError  # noqa: E402
-from cockpit_core.registry import default_registry  # noqa: E402
+from cockpit_core.plugin.registry import default_registry  # noqa: E402
 from cockpit_core.testing import run_cockpit, tiny_mlp  # noqa: E402
 
 F32 = 1e-6

@@ -6,7 +6,7 @@ the histogram ``cockpit/grad_hist_1d`` as a ``wandb.Histogram``). Besides:
 
 * metrics of ``cp.log(step, name=value)`` -> ``cockpit/metrics/<name>``;
 * the dashboard -> ``wandb.Image`` ``cockpit/dashboard`` at the first step, every
-  ``image_every`` steps and at the end (rendered by :class:`cockpit_core.dashboard.LivePlot`);
+  ``image_every`` steps and at the end (rendered by :class:`cockpit_dashboard.LivePlot`);
 * the header -> run config ``cockpit`` (the prefix): versions, plugins, quantities and
   their options, the number of parameters. Other records are not sent (the log has them).
 
@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from cockpit_dashboard import LivePlot
 from pydantic import BaseModel, ConfigDict, Field
 
 from cockpit_core import CockpitWarning
-from cockpit_core.dashboard import LivePlot
 from cockpit_core.log.scalars import Histogram, Scalar, TagMap, header_summary, quantity_entries
 from cockpit_core.log.sink_kit import SinkFields, install_hint, missing_package
 

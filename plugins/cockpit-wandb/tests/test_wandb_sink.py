@@ -25,7 +25,7 @@ from cockpit_wandb import plugin as wandb_plugin  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 from cockpit_core import CockpitWarning, ConfigError, Registry  # noqa: E402
-from cockpit_core.registry import default_registry  # noqa: E402
+from cockpit_core.plugin.registry import default_registry  # noqa: E402
 from cockpit_core.testing import run_cockpit, tiny_mlp  # noqa: E402
 
 F64 = 1e-12

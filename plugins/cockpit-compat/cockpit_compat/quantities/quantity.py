@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from cockpit_core.errors import ConfigError
+from cockpit_core.plugin.registry import Registry, default_registry
 from cockpit_core.quantity import Quantity as NativeQuantity
-from cockpit_core.registry import Registry, default_registry
 from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
 
 DROP = object()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +63,9 @@ class AttentionRule(Rule):
 
     def owned(self, module: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
         """Its projections' parameters, the output projection's included."""
+        out_proj = cast(torch.nn.MultiheadAttention, module).out_proj  # the rule's modules
         own = [(module, n) for n, _ in module.named_parameters(recurse=False)]
-        return own + [(module.out_proj, n) for n, _ in module.out_proj.named_parameters()]
+        return own + [(out_proj, n) for n, _ in out_proj.named_parameters()]
 
     def per_sample(
         self, owner: torch.nn.Module, attr: str, pieces: list[Piece], batch_size: int
@@ -95,7 +96,7 @@ class AttentionRule(Rule):
             or a["static_v"] is not None
         ):
             return func(*args, **kwargs)
-        return _forward(module, record, **a)
+        return _forward(cast(torch.nn.MultiheadAttention, module), record, **a)
 
 
 def _linear(
@@ -130,7 +131,7 @@ def _split(proj: Tensor, parts: int, e: int) -> tuple[Tensor, ...]:
 
 
 def _forward(
-    module: torch.nn.Module,
+    module: torch.nn.MultiheadAttention,
     record: Callable[[Use], None],
     query: Tensor,
     key: Tensor,
@@ -159,7 +160,10 @@ def _forward(
     is_causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """The operations of ``F.multi_head_attention_forward`` (PyTorch 2.x) for this rule."""
-    is_batched = F._mha_shape_check(query, key, value, key_padding_mask, attn_mask, num_heads)
+    # a private helper of torch.nn.functional that its .pyi stub does not declare
+    is_batched = F._mha_shape_check(  # type: ignore[attr-defined]
+        query, key, value, key_padding_mask, attn_mask, num_heads
+    )
     if not is_batched:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         if key_padding_mask is not None:
@@ -200,6 +204,8 @@ def _forward(
     e = embed_dim
     rows = slice(0, e), slice(e, 2 * e), slice(2 * e, 3 * e)
     if not use_separate_proj_weight:
+        if in_proj_weight is None:  # checked as F.multi_head_attention_forward does
+            raise AssertionError("use_separate_proj_weight is False but in_proj_weight is None")
         own = (module, "in_proj_weight"), (module, "in_proj_bias")
         if key is value and query is key:  # self-attention: one packed product
             proj = _linear(record, own, query, in_proj_weight, in_proj_bias, None, None, _seq_first)
@@ -219,12 +225,20 @@ def _forward(
                 for x, w, b, r in zip((query, key, value), (w_q, w_k, w_v), (b_q, b_k, b_v), rows)
             )
     else:
+        if q_proj_weight is None:  # checked as F.multi_head_attention_forward does
+            raise AssertionError("use_separate_proj_weight is True but q_proj_weight is None")
+        if k_proj_weight is None:
+            raise AssertionError("use_separate_proj_weight is True but k_proj_weight is None")
+        if v_proj_weight is None:
+            raise AssertionError("use_separate_proj_weight is True but v_proj_weight is None")
         b_q, b_k, b_v = (None,) * 3 if in_proj_bias is None else in_proj_bias.chunk(3)
-        weights = (q_proj_weight, k_proj_weight, v_proj_weight)
+        proj_weights = (q_proj_weight, k_proj_weight, v_proj_weight)
         names = ("q_proj_weight", "k_proj_weight", "v_proj_weight")
         q, k, v = (
             _linear(record, ((module, n), (module, "in_proj_bias")), x, w, b, None, r, _seq_first)
-            for x, w, b, r, n in zip((query, key, value), weights, (b_q, b_k, b_v), rows, names)
+            for x, w, b, r, n in zip(
+                (query, key, value), proj_weights, (b_q, b_k, b_v), rows, names
+            )
         )
 
     if attn_mask is not None and attn_mask.dim() == 2:

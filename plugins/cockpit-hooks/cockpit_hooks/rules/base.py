@@ -117,8 +117,11 @@ class Rule:
         """
         if isinstance(saved, Tensor):
             return expand_batch(saved, batch_size, added)
-        if dataclasses.is_dataclass(saved) and isinstance(getattr(saved, "inputs", None), Tensor):
-            return dataclasses.replace(saved, inputs=expand_batch(saved.inputs, batch_size, added))
+        inputs = getattr(saved, "inputs", None)
+        # a dataclass instance (what a rule keeps), not a dataclass type
+        is_instance = dataclasses.is_dataclass(saved) and not isinstance(saved, type)
+        if is_instance and isinstance(inputs, Tensor):
+            return dataclasses.replace(saved, inputs=expand_batch(inputs, batch_size, added))
         raise ValueError(
             f"the rule cannot expand what it kept ({type(saved).__name__}) to the batch"
         )

@@ -13,6 +13,8 @@ forward pass with that reason.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -48,9 +50,12 @@ class BatchNormRule(AffineNormRule):
 
     def normalized(self, module: torch.nn.Module, x: Tensor) -> Tensor:
         """``(x - mu) / sqrt(sigma^2 + eps)`` with the running statistics, per channel."""
+        bn = cast(torch.nn.modules.batchnorm._BatchNorm, module)  # the rule's module types
+        mean, var = bn.running_mean, bn.running_var
+        assert mean is not None and var is not None, "supports() refuses no running statistics"
         shape = (1, -1) + (1,) * (x.dim() - 2)
-        std = (module.running_var.view(shape) + module.eps).sqrt()
-        return (x - module.running_mean.view(shape)) / std
+        std = (var.view(shape) + bn.eps).sqrt()
+        return (x - mean.view(shape)) / std
 
     def reduce(self, module: torch.nn.Module, t: Tensor) -> Tensor:  # noqa: D102
         return sum_over_spatial(t)

@@ -7,6 +7,8 @@ a block of samples at a time when a statistic needs every element; see
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -45,8 +47,10 @@ class ConvRule(Rule):
             for _, grad in pieces:
                 part = (grad * batch_size).flatten(2).sum(2)
                 total = part if total is None else total + part
+            assert total is not None, "the provider passes at least one piece"
             return DenseGrads(total)
-        grads = [ConvGrads(ConvWeightFactors(owner, x, g).scaled(batch_size)) for x, g in pieces]
+        conv = cast("torch.nn.Conv1d | torch.nn.Conv2d", owner)  # the rule's module types
+        grads = [ConvGrads(ConvWeightFactors(conv, x, g).scaled(batch_size)) for x, g in pieces]
         if len(grads) == 1:
             return grads[0]
-        return DenseGrads(sum(g.materialize() for g in grads))
+        return DenseGrads(cast(Tensor, sum(g.materialize() for g in grads)))  # two or more

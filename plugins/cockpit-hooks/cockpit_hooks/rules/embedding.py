@@ -13,6 +13,8 @@ outside autograd, so the formula holds for the renormalized weight.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -49,9 +51,10 @@ class EmbeddingRule(Rule):
             idx = batch_first(saved, batch_size, f"the input of {type(owner).__name__}")
             indices.append(idx.reshape(batch_size, -1))
             grads.append((grad * batch_size).reshape(batch_size, -1, grad.shape[-1]))
+        embedding = cast(torch.nn.Embedding, owner)  # the rule's module type
         return EmbeddingGrads(
             torch.cat(indices, dim=1),
             torch.cat(grads, dim=1),
-            owner.num_embeddings,
-            owner.padding_idx,
+            embedding.num_embeddings,
+            embedding.padding_idx,
         )

@@ -19,8 +19,9 @@ the parameter's gradient, which the provider detects and reports.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -95,6 +96,7 @@ class GenericRule(Rule):
                 call.result = _vjp_per_sample(owner, call, grad * batch_size, batch_size)
             part = call.result[attr]
             total = part if total is None else total + part
+        assert total is not None, "the provider passes at least one piece"
         return DenseGrads(total)
 
 
@@ -121,7 +123,11 @@ def _vjp_per_sample(
     def one(d_n: Tensor, *leaves_n: Any) -> dict[str, Tensor]:
         one_leaves = [t.unsqueeze(0) if dim == 0 else t for t, dim in zip(leaves_n, dims)]
         args, kwargs = tree_unflatten(one_leaves, spec)
-        _, pullback = vjp(lambda p: functional_call(module, p, args, kwargs), theta)
+        # without has_aux, vjp returns (output, pullback)
+        _, pullback = cast(
+            "tuple[Any, Callable[..., Any]]",
+            vjp(lambda p: functional_call(module, p, args, kwargs), theta),
+        )
         return pullback(d_n.reshape(shape))[0]
 
     with torch.enable_grad():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -95,13 +96,17 @@ def bias_grads(pieces: list[Piece], batch_size: int, shape: torch.Size) -> PerSa
             full[:, saved.bias_rows] = part
             part = full
         out = part if out is None else out + part
+    assert out is not None, "the provider passes at least one piece"
     return DenseGrads(out)
 
 
 class LinearRule(Rule):
     """``nn.Linear`` (and attention's ``NonDynamicallyQuantizableLinear``)."""
 
-    modules = (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)
+    modules: ClassVar[tuple[type, ...]] = (
+        torch.nn.Linear,
+        torch.nn.modules.linear.NonDynamicallyQuantizableLinear,
+    )
 
     def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
         """The layer input; the output's gradient completes the use."""

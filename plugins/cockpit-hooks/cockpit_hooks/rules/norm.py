@@ -12,6 +12,8 @@ They are small (the parameter's size per sample) and kept dense.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -49,6 +51,7 @@ class AffineNormRule(Rule):
             term = d * self.normalized(owner, x) if attr == "weight" else d
             part = self.reduce(owner, term)
             out = part if out is None else out + part
+        assert out is not None, "the provider passes at least one piece"
         return DenseGrads(out)
 
 
@@ -60,10 +63,12 @@ class LayerNormRule(AffineNormRule):
     def normalized(self, module: torch.nn.Module, x: Tensor) -> Tensor:  # noqa: D102
         if isinstance(module, torch.nn.LayerNorm):
             return F.layer_norm(x, module.normalized_shape, None, None, module.eps)
-        return F.rms_norm(x, module.normalized_shape, None, module.eps)
+        rms = cast("torch.nn.RMSNorm", module)  # the rule's other module type
+        return F.rms_norm(x, rms.normalized_shape, None, rms.eps)
 
     def reduce(self, module: torch.nn.Module, t: Tensor) -> Tensor:  # noqa: D102
-        return sum_over_middle(t, keep_last=len(module.normalized_shape))
+        norm = cast("torch.nn.LayerNorm | torch.nn.RMSNorm", module)  # the rule's modules
+        return sum_over_middle(t, keep_last=len(norm.normalized_shape))
 
 
 class GroupNormRule(AffineNormRule):
@@ -72,7 +77,8 @@ class GroupNormRule(AffineNormRule):
     modules = (torch.nn.GroupNorm,)
 
     def normalized(self, module: torch.nn.Module, x: Tensor) -> Tensor:  # noqa: D102
-        return F.group_norm(x, module.num_groups, None, None, module.eps)
+        norm = cast(torch.nn.GroupNorm, module)  # the rule's module type
+        return F.group_norm(x, norm.num_groups, None, None, norm.eps)
 
     def reduce(self, module: torch.nn.Module, t: Tensor) -> Tensor:  # noqa: D102
         return sum_over_spatial(t)

@@ -1,0 +1,1 @@
+"""Configuration: quantities declared by name, in Python or in a file."""

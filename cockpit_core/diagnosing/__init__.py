@@ -1,0 +1,1 @@
+"""Running diagnoses: on a log, and while training."""

@@ -1,0 +1,1 @@
+"""Quantities of the global batch under ``torch.distributed``."""

@@ -1,0 +1,1 @@
+"""The tracking engine: the Cockpit, its steps, and what runs inside them."""

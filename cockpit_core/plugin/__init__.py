@@ -1,0 +1,1 @@
+"""Plugins: discovery through entry points, the registry, and the listing cache."""

@@ -1,0 +1,1 @@
+"""The provider kit: :func:`check_provider` and the checks it runs (``docs/providers.md``)."""
