@@ -39,6 +39,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     )
     from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
     from cockpit_core.log import read_log
+    from cockpit_core.observe.probe import Probe
     from cockpit_core.plugin.registry import Registry, default_registry
     from cockpit_core.quantity import Quantity, QuantityConfig, ResumeContext, TwoStepQuantity
     from cockpit_core.requirements import (
@@ -54,7 +55,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
         per_sample_projection,
         per_sample_transform,
     )
-    from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic
+    from cockpit_core.schedules import EveryN, ExplicitSteps, Logarithmic, OnFinding
     from cockpit_core.statistics.conv import ConvGrads
     from cockpit_core.statistics.embedding import EmbeddingGrads
     from cockpit_core.statistics.kinds import StatisticKind
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "EveryN": "cockpit_core.schedules",
     "ExplicitSteps": "cockpit_core.schedules",
     "Logarithmic": "cockpit_core.schedules",
+    "OnFinding": "cockpit_core.schedules",
     # statistics a quantity requires
     "Requirements": "cockpit_core.requirements",
     "Statistic": "cockpit_core.statistics.statistic",
@@ -94,6 +96,8 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "diag_ggn_mc": "cockpit_core.requirements",
     "per_sample_projection": "cockpit_core.requirements",
     "per_sample_transform": "cockpit_core.requirements",
+    # the forward pass a quantity reads
+    "Probe": "cockpit_core.observe.probe",
     # statistics providers and kinds
     "StatisticProvider": "cockpit_core.statistics.provider",
     "StatisticKind": "cockpit_core.statistics.kinds",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -79,6 +80,30 @@ class StepContext:
         if ident in self._data.missing:
             raise UnsupportedModelError(self._data.missing[ident])
         return self._data.statistics[ident]  # type: ignore[return-value]
+
+    def probe(self, key: str) -> dict[str, list[Any]]:
+        """What the probe ``key`` recorded in this step's forward passes.
+
+        Returns:
+            ``{module name: [reduce(...) of each call]}`` (``""`` names the model itself), in
+            the order the modules first ran; the values are still on the device.
+
+        Raises:
+            KeyError: No probe ``key`` was armed for this step (declare it in
+                ``Requirements(probes=...)``).
+            UnsupportedModelError: It recorded nothing, with the reason (no model known, no
+                selected module ran with gradients enabled, its ``reduce`` raised).
+
+        """
+        probes = self._data.probes
+        if key in probes.errors:
+            raise UnsupportedModelError(f"probe '{key}': {probes.errors[key]}")
+        if key not in probes.values:
+            raise KeyError(
+                f"'{self._owner}' reads probe '{key}', which was not armed for step "
+                f"{self.step}; declare it in Requirements(probes=...)."
+            )
+        return probes.values[key]
 
     def hvp(self, vectors: Sequence[Tensor]) -> list[Tensor]:
         """Hessian-vector product of the mini-batch loss, one tensor per parameter.

@@ -121,7 +121,8 @@ class QuantityConfig(BaseModel):
     )
     offset: int = Field(0, ge=0, strict=True, description="First step tracked by `every`.")
     schedule: Schedule | None = Field(
-        None, description="When to track, as data: kind 'every', 'log' or 'steps'."
+        None,
+        description="When to track, as data: kind 'every', 'log', 'steps' or 'on_finding'.",
     )
     label: str | None = Field(
         None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from cockpit_core.errors import RequirementConflictError
+from cockpit_core.observe.probe import Probe
 from cockpit_core.statistics.kinds import (
     BATCH_DOT_KIND,
     BATCH_L2_KIND,
@@ -142,16 +143,24 @@ class Requirements:
         info: Keys that must be present in the ``info`` dict of ``cockpit(step, info=...)``.
         loss_graph: Whether Hessian-vector products (``ctx.hvp``) are used; the user's
             ``backward`` must then keep the graph (``retain_graph=cp.retain_graph(step)``).
+        probes: Reductions of module outputs in the step's forward pass
+            (:class:`~cockpit_core.observe.probe.Probe`, read with ``ctx.probe(key)``);
+            they need the model (``Cockpit(model, ...)`` or ``cp.attach(model)``).
 
     """
 
     statistics: tuple[Statistic, ...] = ()
     info: frozenset[str] = frozenset()
     loss_graph: bool = False
+    probes: tuple[Probe, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statistics", tuple(self.statistics))
         object.__setattr__(self, "info", frozenset(self.info))
+        object.__setattr__(self, "probes", tuple(self.probes))
+        for probe in self.probes:
+            if not isinstance(probe, Probe):
+                raise ValueError(f"{probe!r} is not a cockpit_core.Probe.")
         for stat in self.statistics:
             if not isinstance(stat.kind, StatisticKind):
                 raise ValueError(
@@ -175,12 +184,14 @@ class MergedRequirements:
         statistics: Each distinct statistic once, in first-requested order.
         owners: For each statistic identity, the names of the quantities that requested it.
         loss_graph: Whether any quantity needs Hessian-vector products.
+        probes: Each distinct probe once (by key), in first-requested order.
 
     """
 
     statistics: tuple[Statistic, ...]
     owners: dict[tuple[str, str], tuple[str, ...]]
     loss_graph: bool
+    probes: tuple[Probe, ...] = ()
 
     @property
     def per_sample(self) -> bool:
@@ -190,7 +201,7 @@ class MergedRequirements:
     @property
     def empty(self) -> bool:
         """Whether nothing beyond a plain backward pass is needed."""
-        return not self.statistics and not self.loss_graph
+        return not self.statistics and not self.loss_graph and not self.probes
 
 
 def merge_requirements(requests: Iterable[tuple[str, Requirements]]) -> MergedRequirements:
@@ -204,8 +215,11 @@ def merge_requirements(requests: Iterable[tuple[str, Requirements]]) -> MergedRe
     chosen: dict[tuple[str, str], Statistic] = {}
     owners: dict[tuple[str, str], list[str]] = {}
     loss_graph = False
+    probes: dict[str, Probe] = {}
     for name, req in requests:
         loss_graph = loss_graph or req.loss_graph
+        for probe in req.probes:
+            probes.setdefault(probe.key, probe)
         for stat in req.statistics:
             ident = stat.identity
             if ident not in chosen:
@@ -226,4 +240,5 @@ def merge_requirements(requests: Iterable[tuple[str, Requirements]]) -> MergedRe
         statistics=tuple(chosen.values()),
         owners={k: tuple(v) for k, v in owners.items()},
         loss_graph=loss_graph,
+        probes=tuple(probes.values()),
     )

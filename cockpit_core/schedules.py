@@ -1,12 +1,19 @@
 """Schedules: when a quantity is tracked. They are data, so they can live in a config file.
 
-Three kinds exist, each a pydantic model with a ``kind`` tag::
+Four kinds exist, each a pydantic model with a ``kind`` tag::
 
     {"kind": "every", "every": 10, "offset": 0}          # steps 0, 10, 20, ...
     {"kind": "log", "start": 1, "end": 10000, "num": 50}  # ~50 log-spaced steps
     {"kind": "steps", "steps": [0, 5, 100]}              # an explicit list
+    {"kind": "on_finding", "diagnosis": "loss_spike", "steps": 5}  # after each finding
 
 In Python any callable ``step -> bool`` is accepted as well.
+
+The first three are pure functions of the step. An :class:`OnFinding` schedule depends on
+what the diagnoses running while training found: the model is data, and the Cockpit's
+tracker binds it to its own table of findings
+(:class:`~cockpit_core.diagnosing.triggers.Triggers`) when the Cockpit is built, so two
+Cockpits never share triggers (see ``docs/configuration.md``, "Capture on trigger").
 
 Fields are strict: ``every = true`` or ``num = "50"`` is rejected rather than read as a
 number. A logarithmic schedule tracks at most :data:`MAX_LOG_STEPS` steps and ends at most at
@@ -18,10 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator, model_validator
+
+from cockpit_core.errors import MisuseError
 
 ScheduleFn = Callable[[int], bool]
 
@@ -111,8 +120,71 @@ class ExplicitSteps(_ScheduleModel):
         return step in self.steps
 
 
-Schedule = Annotated[EveryN | Logarithmic | ExplicitSteps, Field(discriminator="kind")]
-"""A schedule given as data: one of :class:`EveryN`, :class:`Logarithmic`, :class:`ExplicitSteps`."""
+StepSchedule = Annotated[EveryN | Logarithmic | ExplicitSteps, Field(discriminator="kind")]
+"""A schedule that is a function of the step alone: every, log or steps."""
+
+
+class OnFinding(_ScheduleModel):
+    """Track the ``steps`` steps after each finding of a diagnosis running while training.
+
+    A finding of ``diagnosis`` (one name or a list of names) of at least ``severity`` that
+    the Cockpit reports while step ``s`` runs (or right after it) turns the quantity on at
+    steps ``s + 1`` to ``s + steps``: step ``s`` has already run when the finding arrives,
+    so the capture holds what follows it. A later finding restarts the window at its own
+    step, so overlapping windows merge into one. ``also`` tracks at the steps of a plain
+    schedule as well (e.g. a sparse baseline to compare with).
+
+    The model is data; only a Cockpit can evaluate it, through the tracker's
+    :class:`~cockpit_core.diagnosing.triggers.Triggers`, which knows the findings of its run.
+    Calling the model itself raises :class:`~cockpit_core.errors.MisuseError`.
+    """
+
+    kind: Literal["on_finding"] = Field("on_finding", description="Schedule type tag.")
+    diagnosis: str | tuple[str, ...] = Field(
+        ...,
+        description="The diagnosis (or list of diagnoses) whose findings turn the quantity "
+        "on; it must run while training: Cockpit(..., diagnoses=[...]).",
+    )
+    steps: int = Field(
+        5, ge=1, le=MAX_STEP, strict=True, description="Track this many steps after a finding."
+    )
+    severity: Literal["info", "warning", "error"] = Field(
+        "warning", description="Least severity of a finding that turns the quantity on."
+    )
+    also: StepSchedule | None = Field(
+        None, description="Track at the steps of this schedule as well (kind every, log, steps)."
+    )
+
+    @field_validator("diagnosis", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        names = value if isinstance(value, (list, tuple)) else [value]
+        if not names:
+            raise ValueError('name at least one diagnosis, e.g. diagnosis = "loss_spike"')
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ValueError(
+                    'must be a diagnosis name or a list of names (e.g. "loss_spike"), got '
+                    f"{type(name).__name__} {name!r}"
+                )
+        return value if isinstance(value, str) else tuple(value)
+
+    @property
+    def diagnoses(self) -> tuple[str, ...]:
+        """The names of the diagnoses whose findings turn the quantity on."""
+        return (self.diagnosis,) if isinstance(self.diagnosis, str) else self.diagnosis
+
+    def __call__(self, step: int) -> bool:
+        """Refuse: only a Cockpit, which knows the findings of its run, evaluates it."""
+        raise MisuseError(
+            "an 'on_finding' schedule depends on the findings of a run: only a Cockpit "
+            "evaluates it (it binds the schedule to its diagnoses when it is built)."
+        )
+
+
+Schedule = Annotated[EveryN | Logarithmic | ExplicitSteps | OnFinding, Field(discriminator="kind")]
+"""A schedule given as data: :class:`EveryN`, :class:`Logarithmic`, :class:`ExplicitSteps` or
+:class:`OnFinding`."""
 
 
 def as_schedule_fn(schedule: ScheduleFn | _ScheduleModel | None) -> ScheduleFn:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from cockpit_core.engine.hvp import HessianVectorProducts
 from cockpit_core.engine.mixed_precision import float_dtype
+from cockpit_core.observe.probe import ProbeResults
 
 
 class StepData:
@@ -26,6 +27,7 @@ class StepData:
         hvp: HessianVectorProducts | None,
         grads: Sequence[Tensor] | None = None,
         grad_scale: float = 1.0,
+        probes: ProbeResults | None = None,
     ):
         self.step = step
         self.info = info
@@ -35,6 +37,7 @@ class StepData:
         self.missing = missing
         self.hvp = hvp
         self.grad_scale = grad_scale
+        self.probes = probes if probes is not None else ProbeResults()
         # given under torch.distributed (the global batch's gradient), else read lazily
         self._grads: list[Tensor] | None = None if grads is None else list(grads)
 
@@ -54,6 +57,7 @@ class StepData:
         self.statistics = {}
         self._grads = None
         self.info = {}
+        self.probes = ProbeResults()
         if self.hvp is not None:
             self.hvp.release()
 

@@ -169,6 +169,24 @@ def refuse_batch_norm(
     return dataclasses.replace(report, rows=rows)
 
 
+def reads_forward_pass(quantity: Quantity) -> bool:
+    """Whether ``quantity`` declares probes (it reads the forward pass: it needs the model)."""
+    return any(r.probes for r in quantity.all_requirements())
+
+
+def warn_forward_pass_without_model(quantities: Iterable[Quantity]) -> None:
+    """Warn now about quantities that read the forward pass of a model cockpit does not know."""
+    readers = [q.key for q in quantities if reads_forward_pass(q)]
+    if readers:
+        warnings.warn(
+            f"cockpit: {', '.join(repr(k) for k in readers)} read the forward pass, but "
+            "cockpit does not know the model: give it the model, Cockpit(model, ...) or "
+            "cp.attach(model); until then they record an error at every tracked step.",
+            CockpitWarning,
+            stacklevel=3,
+        )
+
+
 def warn_unprovided_kinds(
     quantities: Iterable[Quantity], providers: Iterable[StatisticProvider]
 ) -> None:

@@ -7,9 +7,10 @@ path; :func:`key_collisions` finds quantities that would write the same output k
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Union
 
+from cockpit_core.diagnosing.triggers import trigger_errors
 from cockpit_core.engine.metrics import METRICS_KEY
 from cockpit_core.errors import ConfigError, DuplicateNameError, UnknownNameError
 from cockpit_core.plugin.registry import Registry
@@ -25,14 +26,26 @@ RESERVED_KEY_MESSAGE = (
 
 
 def resolve_quantities(
-    spec: QuantitySpec | Iterable[QuantitySpec], registry: Registry, source: str | None = None
+    spec: QuantitySpec | Iterable[QuantitySpec],
+    registry: Registry,
+    source: str | None = None,
+    diagnoses: Collection[str] | None = None,
 ) -> list[Quantity]:
     """Turn names, presets, dicts, classes and instances into Quantity instances.
+
+    Args:
+        spec: A preset name or a list of entries (``Cockpit(params, quantities)``).
+        registry: Where names are looked up.
+        source: The file the entries come from (named in the error message).
+        diagnoses: The names of the diagnoses that run while training
+            (``Cockpit(..., diagnoses=...)``): an ``on_finding`` schedule must name one of
+            them. ``None``: only checked to name installed diagnoses.
 
     Raises:
         ConfigError: One entry per problem, each with its field path (``quantities.2.bins``)
             and, for unknown names, the closest installed name; also when two quantities
-            would write the same output key.
+            would write the same output key, or an ``on_finding`` schedule names a diagnosis
+            that is not installed or (given ``diagnoses``) does not run.
 
     """
     errors: list[tuple[str, str]] = []
@@ -62,9 +75,17 @@ def resolve_quantities(
             out.extend(resolved)
             paths.extend([path] * len(resolved))
     errors.extend(key_collisions(out, paths))
+    installed = diagnosis_names(registry)
+    for path, q in zip(paths, out):
+        errors.extend(trigger_errors(q, path, installed, diagnoses))
     if errors:
         raise ConfigError(errors, source)
     return out
+
+
+def diagnosis_names(registry: Registry) -> list[str]:
+    """The names of the diagnoses installed in ``registry``."""
+    return [name for name, _ in registry.diagnoses.items()]
 
 
 def key_collisions(
@@ -115,7 +136,8 @@ def resolve_added_quantity(
     Raises:
         ConfigError: As the constructor raises it (unknown name with the closest installed
             one, bad options with their field path, a key already tracked or reserved),
-            from source ``cp.add(...)`` with the path ``quantity``; also for a preset.
+            from source ``cp.add(...)`` with the path ``quantity``; also for a preset, or
+            an ``on_finding`` schedule that names a diagnosis that is not installed.
 
     """
     path, source = "quantity", "cp.add(...)"
@@ -138,6 +160,9 @@ def resolve_added_quantity(
         raise ConfigError(err.errors, source) from None
     if quantity.key == METRICS_KEY:
         raise ConfigError([(path, RESERVED_KEY_MESSAGE)], source)
+    errors = trigger_errors(quantity, path, diagnosis_names(registry))
+    if errors:
+        raise ConfigError(errors, source)
     if any(q.key == quantity.key for q in existing):
         raise ConfigError(
             [

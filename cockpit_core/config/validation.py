@@ -15,6 +15,7 @@ from typing import Any
 from cockpit_core.config.quantities import resolve_quantities
 from cockpit_core.config.settings import CockpitSettings
 from cockpit_core.diagnosing.build import build_diagnoses
+from cockpit_core.diagnosing.triggers import running_names
 from cockpit_core.errors import ConfigError, DuplicateNameError, UnknownNameError
 from cockpit_core.plugin.registry import Registry
 from cockpit_core.quantity import Quantity, validate_config
@@ -60,7 +61,8 @@ def validate_config_data(
     This is the one validation path of cockpit: ``cockpit validate``,
     ``parse_settings(..., registry=...)`` and ``Cockpit.from_config`` use it. It checks the
     top-level options (strict types), every quantity entry and its options against the
-    installed plugins, that no two quantities write the same output key, every sink name and
+    installed plugins (an ``on_finding`` schedule must name a diagnosis of ``diagnoses``),
+    that no two quantities write the same output key, every sink name and
     its options, every diagnosis name and its options, the provider names of ``backend``,
     and that the log writer can open ``log`` (an existing file must be a cockpit log).
     Nothing is built, created or opened for writing.
@@ -89,9 +91,15 @@ def validate_config_data(
     bad = {path.split(".")[0] for path, _ in errors}  # fields whose shape is already wrong
 
     quantities: list[Quantity] = []
+    raw_diagnoses = data.get("diagnoses")
+    running = None  # the diagnoses' shape is wrong (reported): on_finding names not checked
+    if "diagnoses" not in bad:
+        running = running_names(raw_diagnoses if isinstance(raw_diagnoses, list) else ())
     if "quantities" not in bad:
         try:
-            quantities = resolve_quantities(data.get("quantities", "economy"), registry)
+            quantities = resolve_quantities(
+                data.get("quantities", "economy"), registry, diagnoses=running
+            )
         except ConfigError as err:
             errors.extend(err.errors)
 
@@ -106,7 +114,6 @@ def validate_config_data(
             except ConfigError as err:
                 errors.extend(err.errors)
 
-    raw_diagnoses = data.get("diagnoses")
     if "diagnoses" not in bad and isinstance(raw_diagnoses, list):
         errors.extend(_diagnosis_errors(raw_diagnoses, registry))
 

@@ -9,6 +9,12 @@ window is short, every 25th at the full 500), so rules cost a bounded amount per
 (``benchmarks/results/diagnoses_online.md``), and always once more at
 :meth:`DiagnosisRunner.finish`.
 
+Diagnoses that an ``on_finding`` schedule follows (capture on trigger,
+:mod:`cockpit_core.diagnosing.triggers`) are checked at every new step instead
+(:meth:`DiagnosisRunner.check_every_step`): their findings turn quantities on for the next
+steps, so they must arrive at the step that shows them. Only they run then; the others keep
+their pace.
+
 Each finding is reported once, by id. A finding seen again later (a longer stretch of the
 same condition) updates the stored one; so does one of the same diagnosis and kind whose
 stretch overlaps a reported one after the window slid past its first step (its id would
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cockpit_core.diagnosing.run import run_checks
@@ -46,6 +52,8 @@ class DiagnosisRunner:
 
     Attributes:
         reported: Every finding reported so far, by id, as last seen.
+        eager: Names of the diagnoses checked at every new step whatever the window's
+            length (:meth:`check_every_step`).
 
     """
 
@@ -71,6 +79,16 @@ class DiagnosisRunner:
         self.failed: set[str] = set()
         self._emitted: dict[str, Finding] = {}  # each finding as it was reported
         self._new_steps: set[int] = set()  # steps with news since the last check
+        self.eager: frozenset[str] = frozenset()
+
+    def check_every_step(self, names: Iterable[str]) -> None:
+        """Check the diagnoses ``names`` at every new step (those that triggers follow).
+
+        Each such check looks at the whole window, so it costs ``O(window)`` per step for
+        those diagnoses; the others are still checked every ``len(window) //
+        CHECKS_PER_WINDOW`` steps.
+        """
+        self.eager |= frozenset(names)
 
     def observe(self, record: Mapping[str, Any]) -> list[Finding]:
         """Take one record; return the findings not reported before (each id once)."""
@@ -99,9 +117,11 @@ class DiagnosisRunner:
         if not self.check_online:
             return []
         due = max(1, len(self.output) // CHECKS_PER_WINDOW)
-        if not self.every_step and len(self._new_steps) < due:
-            return []
-        return self._check()
+        if self.every_step or len(self._new_steps) >= due:
+            return self._check()
+        if self.eager:
+            return self._check(self.eager)
+        return []
 
     def finish(self) -> tuple[list[Finding], list[Finding]]:
         """Check what came since the last check; return ``(new, changed)`` findings.
@@ -150,11 +170,19 @@ class DiagnosisRunner:
         """What the diagnoses see now: the kept steps, skipped and cost records, the header."""
         return Window(self.output, self.skipped, self.header, self.cost)
 
-    def _check(self) -> list[Finding]:
-        self._new_steps.clear()
+    def _check(self, only: frozenset[str] | None = None) -> list[Finding]:
+        """Run the diagnoses (``only``: those of these names) over the window; the new findings.
+
+        A check of all of them clears the news; one of ``only`` some leaves it for the rest.
+        """
+        diagnoses = self.diagnoses
+        if only is None:
+            self._new_steps.clear()
+        else:
+            diagnoses = [d for d in diagnoses if d.name in only]
         window = self.window()
         new = []
-        for finding in run_checks(self.diagnoses, window, self.failed):
+        for finding in run_checks(diagnoses, window, self.failed):
             if finding.id in self.reported:
                 self.reported[finding.id] = finding
                 continue

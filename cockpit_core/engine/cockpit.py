@@ -14,6 +14,7 @@ from cockpit_core.check.coverage import (
     CoverageReport,
     check_model,
     refuse_batch_norm,
+    warn_forward_pass_without_model,
     warn_unprovided_kinds,
 )
 from cockpit_core.check.run import run_sample_step
@@ -28,6 +29,7 @@ from cockpit_core.config.files import (
 from cockpit_core.config.quantities import quantity_entry, resolve_added_quantity
 from cockpit_core.diagnosing.build import build_diagnoses
 from cockpit_core.diagnosing.runner import DiagnosisRunner
+from cockpit_core.diagnosing.triggers import running_names
 from cockpit_core.diagnosis import Finding
 from cockpit_core.distributed.batch import Distributed, active_group, writes_here
 from cockpit_core.engine.attention import MathAttentionHooks
@@ -181,7 +183,9 @@ class Cockpit:
         self._optimizer = _checked_optimizer(optimizer)
         self._loss_fn = loss_fn
         self.params, self.param_names = split_params(params)
-        self.quantities: list[Quantity] = resolve_quantities(quantities, self.registry, _source)
+        self.quantities: list[Quantity] = resolve_quantities(
+            quantities, self.registry, _source, diagnoses=running_names(diagnoses)
+        )
         check_unique_keys(self.quantities, _source)
         self.on_error = on_error
         self.keep_in_memory = keep_in_memory
@@ -218,6 +222,8 @@ class Cockpit:
             "provider_options": provider_options,
         }
         warn_unprovided_kinds(self.quantities, router.providers.values())
+        if model is None:
+            warn_forward_pass_without_model(self.quantities)
         self._attention_hooks: MathAttentionHooks | None = None
         self._math_attention = False
         # the log last: opening it takes its one-writer lock, which a failed
@@ -437,8 +443,10 @@ class Cockpit:
         q = resolve_added_quantity(quantity, self.quantities, self.registry)
         # asks for its requirements before anything changes
         warn_unprovided_kinds([q], self._router.providers.values())
-        step = tracker.add(q)  # appends to self.quantities
         model = self._router.model
+        if model is None:
+            warn_forward_pass_without_model([q])
+        step = tracker.add(q)  # appends to self.quantities
         if self._math_attention and self._attention_hooks is None and model is not None:
             self._install_attention_hooks(model)
         tracker.emit({"kind": "quantity_added", "step": step, "quantity": quantity_entry(q)})
@@ -496,8 +504,9 @@ class Cockpit:
         It holds the last step and the schedule's stride, each quantity's options and what
         it keeps across steps (``distance``'s origin, two-step starts, adapted histogram
         ranges, Lanczos warm starts), the error policy's state, the diagnoses' windows and
-        findings, and the log's run number; only tensors, numbers, strings and lists and
-        dicts of them, so ``torch.load(path, weights_only=True)`` reads it
+        findings (and the triggers of ``on_finding`` schedules), and the log's run number;
+        only tensors, numbers, strings and lists and dicts of them, so
+        ``torch.load(path, weights_only=True)`` reads it
         (:mod:`cockpit_core.engine.state`, ``docs/quickstart.md``).
 
         Raises:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from cockpit_core.engine.compiled import EagerStance
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.observe import ForwardObserver, observed_keys
+from cockpit_core.observe.probe import Probe
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
 from cockpit_core.statistics.router import StatisticsRouter
@@ -279,24 +280,31 @@ class Planner:
         statistics: Sequence[Statistic],
         loss_graph: bool | None = None,
         keys: frozenset[str] | None = None,
+        probes: Sequence[Probe] | None = None,
     ) -> None:
         """Arm the providers for ``statistics``; compiled code runs eagerly if they observe.
 
         ``loss_graph``: whether the step needs Hessian-vector products (``None``: whether
-        any quantity may). ``keys``: the ``info`` keys the observer watches the forward
-        pass for (``None``: those any quantity may need).
+        any quantity may). ``keys`` and ``probes``: the ``info`` keys and the probes the
+        observer watches the forward pass for (``None``: those any quantity may need).
         """
         observing = self.router.arm(statistics)
         if loss_graph is None:
             loss_graph = any(r.loss_graph for q in self.quantities for r in q.all_requirements())
         if self.observer is not None:
             if keys is None:
-                keys = self.all_observed_keys()
-            observing = self.observer.arm(keys) or observing
+                keys = observed_keys(self._all_requirements())
+            if probes is None:
+                probes = [p for r in self._all_requirements() for p in r.probes]
+            observing = self.observer.arm(keys, probes) or observing
         self._stance.set(observing or loss_graph)
 
     def all_observed_keys(self) -> frozenset[str]:
         """The ``info`` keys any quantity may take from the forward pass."""
+        return observed_keys(self._all_requirements())
+
+    def _all_requirements(self) -> list[Requirements]:
+        """The requirements any quantity may have (a quantity that raises: none)."""
         requirements = []
         for q in self.quantities:
             try:
@@ -305,7 +313,7 @@ class Planner:
                 raise
             except BaseException:  # plugin code: reported when a step plans it
                 continue
-        return observed_keys(requirements)
+        return requirements
 
     @staticmethod
     def observed_keys(tasks: Sequence[Task]) -> frozenset[str]:
@@ -318,7 +326,7 @@ class Planner:
             self._arm(self._everything)
             return
         tasks, merged = self.plan(step, predict=True)
-        self._arm(merged.statistics, merged.loss_graph, self.observed_keys(tasks))
+        self._arm(merged.statistics, merged.loss_graph, self.observed_keys(tasks), merged.probes)
 
     def after_step(self, step: int) -> None:
         """The step's quantities ran: arm the providers for the predicted next step."""

@@ -11,7 +11,9 @@ besides the model and the optimizer, the Cockpit's state:
   and, for a two-step quantity between its start and end step, its start state
   (``start_state_dict``), and whether ``on_error="disable"`` disabled it;
 - the error policy's records and warned-once kinds, the diagnoses' windows and the
-  findings already reported (so none is reported twice), the log's run number.
+  findings already reported (so none is reported twice), the step of each diagnosis's
+  latest finding that ``on_finding`` schedules follow (so a capture window open when the
+  checkpoint was saved stays open), the log's run number.
 
 The state holds only tensors, numbers, strings, booleans, ``None``, lists, tuples and dicts
 (numpy arrays as ``{"__ndarray__": tensor}``), so ``torch.save`` of ``{"model": ...,
@@ -149,6 +151,7 @@ def save_state(tracker: Tracker, log_run: int | None) -> dict[str, Any]:
         "policy": to_plain(tracker.policy.state_dict(), "errors"),
         "diagnoses": None if runner is None else _runner_state(runner),
         "findings": [to_plain(f.to_record(), "finding") for f in tracker.findings],
+        "triggers": tracker.triggers.state_dict(),
         "log_run": log_run,
     }
 
@@ -309,10 +312,12 @@ def _load_quantity(
 
 
 def _load_run(tracker: Tracker, state: Mapping[str, Any]) -> None:
-    """Where the run is: last step, schedule, error policy, diagnoses, findings."""
+    """Where the run is: last step, schedule, error policy, diagnoses, findings, triggers."""
     step = state.get("step")
     tracker.resume(None if step is None else int(step), state.get("done_once") or ())
     schedule = state.get("schedule") or {}
+    # before the planner arms the providers for the next step: an open capture window counts
+    tracker.triggers.load_state_dict(state.get("triggers") or {})  # older states: none
     tracker.planner.resume(
         schedule.get("last"), int(schedule.get("stride", 1)), bool(schedule.get("follow", True))
     )

@@ -22,7 +22,8 @@ from cockpit_core.engine.keep_graph import KeepGraph
 from cockpit_core.engine.planner import Planner, Task
 from cockpit_core.engine.tracker import Tracker
 from cockpit_core.errors import CockpitWarning, MissingInfoError, MisuseError
-from cockpit_core.observe import how_to_pass
+from cockpit_core.observe import NO_MODEL, how_to_pass
+from cockpit_core.observe.probe import ProbeResults
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import MergedRequirements, merge_requirements
 from cockpit_core.statistics.projection import resolve_projections
@@ -472,7 +473,7 @@ class StepRun:
             return self._exit(exc_type, exc, tb)
         finally:
             if self.tracker.observer is not None:  # passes inside the block are not the next step's
-                self.tracker.observer.clear()
+                self.tracker.observer.end_step()
             if self.attention is not None:  # held by a backward pass that raised
                 self.attention.release()
 
@@ -575,6 +576,7 @@ class StepRun:
             hvp,
             grads,
             data_factor,
+            self._probe_results(),
         )
         try:
             if self.sync is None and any(s.combine == "project" for s in self.merged.statistics):
@@ -587,6 +589,25 @@ class StepRun:
                 tracker.run(step, self.tasks, data)
         finally:
             data.release()
+
+    def _probe_results(self) -> ProbeResults:
+        """What the step's probes recorded, and for each that recorded nothing, why."""
+        observer = self.tracker.observer
+        results = observer.probes.take() if observer is not None else ProbeResults()
+        for probe in self.merged.probes:
+            if probe.key in results.values or probe.key in results.errors:
+                continue
+            if observer is None or observer.model is None:
+                why = f"{NO_MODEL}: give it the model, Cockpit(model, ...) or cp.attach(model)"
+            else:
+                why = (
+                    "no module it selects ran in a forward pass with gradients enabled since "
+                    "the previous step (a forward pass under torch.no_grad() is not watched; "
+                    "with unevenly spaced step numbers, call cp.prepare(step) before the "
+                    "forward pass)"
+                )
+            results.errors[probe.key] = why
+        return results
 
     def _accumulated_batch(self) -> None:
         """The step's batch size: the micro-batches' samples, if cockpit observed them.

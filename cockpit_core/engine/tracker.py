@@ -19,6 +19,7 @@ import torch
 from cockpit_core.cache import Cache
 from cockpit_core.context import StepContext
 from cockpit_core.diagnosing.runner import DiagnosisRunner
+from cockpit_core.diagnosing.triggers import Triggers, bind_triggers
 from cockpit_core.diagnosis import Finding
 from cockpit_core.distributed.batch import Distributed
 from cockpit_core.engine import loop_checks
@@ -71,6 +72,9 @@ class Tracker:
         findings: What the diagnoses found so far, each finding once.
         on_finding: Called with each new finding instead of the ``CockpitWarning`` about
             it (``None``: warn); a framework integration reports findings its own way.
+        triggers: Per diagnosis, the step of its latest finding: what quantities with an
+            ``on_finding`` schedule follow (their schedules are bound to it here and in
+            :meth:`add`; :mod:`cockpit_core.diagnosing.triggers`).
         cost: What each step costs; emits a ``cost`` record per tracked step.
 
     """
@@ -104,6 +108,8 @@ class Tracker:
         self.cost = CostMeter(self.emit)
         self.cache = Cache()
         self.observer = observer
+        self.triggers = Triggers()
+        self._bind_triggers(quantities)
         self.planner = Planner(quantities, router, observer)
         self.policy = ErrorPolicy(on_error, self.emit, self.planner, self.cache)
         self.planner.report = self.policy.quantity_failed  # raising schedules, requirements
@@ -158,8 +164,47 @@ class Tracker:
         """The first step a change between steps applies to: one after the last step."""
         return 0 if self.last_step is None else self.last_step + 1
 
+    def _bind_triggers(
+        self, quantities: Sequence[Quantity], path: str = "quantities", source: str | None = None
+    ) -> None:
+        """Bind ``on_finding`` schedules to :attr:`triggers`; check their diagnoses each step.
+
+        A finding that turns a quantity on must arrive at the step its evidence is logged,
+        not up to ``len(window) // CHECKS_PER_WINDOW`` steps later, so the diagnoses that
+        triggers follow are checked at every new step
+        (:meth:`~cockpit_core.diagnosing.runner.DiagnosisRunner.check_every_step`).
+        """
+        runner = self.diagnoses
+        running = [d.name for d in runner.diagnoses] if runner is not None else []
+        names = bind_triggers(
+            quantities, self.triggers, running, self.dist is not None, path, source
+        )
+        if runner is not None and names:
+            runner.check_every_step(names)
+
+    def trigger_step(self) -> int:
+        """The step a finding reported now follows: the active step, else the last one.
+
+        A finding reported while a step's records are emitted (``__exit__``: values,
+        skipped records) follows that step; one reported while the next step enters (its
+        predecessor's ``cost`` record) follows the entering step, whose forward pass has
+        run already. ``-1`` before the first step.
+        """
+        if self.active_step is not None:
+            return self.active_step
+        return -1 if self.last_step is None else self.last_step
+
     def add(self, quantity: Quantity) -> int:
-        """Track ``quantity`` from the next step on; return that step."""
+        """Track ``quantity`` from the next step on; return that step.
+
+        Raises:
+            ConfigError: Its ``on_finding`` schedule names a diagnosis that does not run
+                (nothing is added).
+            MisuseError: An ``on_finding`` schedule under ``torch.distributed``, or the
+                instance is tracked by another Cockpit that is not closed.
+
+        """
+        self._bind_triggers([quantity], "quantity", "cp.add(...)")
         step = self.next_step
         self.quantities.append(quantity)
         self.listed.append(quantity)
@@ -363,6 +408,7 @@ class Tracker:
         """Keep, log and announce (``on_finding``, else a ``CockpitWarning``) new findings."""
         for finding in findings:
             self.findings.append(finding)
+            self.triggers.fired(finding, self.trigger_step())
             self.emit(finding.to_record())
             if self.on_finding is not None:
                 self.on_finding(finding)
@@ -378,6 +424,7 @@ class Tracker:
         are logged again with the same id and their whole stretch (no second warning).
         """
         self.cost.close()
+        self.triggers.closed = True
         if self.diagnoses is not None:
             new, changed = self.diagnoses.finish()
             self._report(new)

@@ -23,6 +23,8 @@ from cockpit_core.observe.forward_pass import (
 from cockpit_core.observe.keys import NO_LOSS, NO_MODEL, OBSERVED_KEYS
 from cockpit_core.observe.loss_catcher import LossCatcher, push_under, remove_mode
 from cockpit_core.observe.loss_spec import LossSpec, shape_problem
+from cockpit_core.observe.probe import Probe
+from cockpit_core.observe.probe_hooks import ProbeHooks
 
 KEEP_PASSES = 16
 """Forward passes kept between two takes (the last one is used; micro-batches take each)."""
@@ -46,6 +48,7 @@ class ForwardObserver:
         self._depth = 0
         self._paused = 0
         self._catcher: LossCatcher | None = None
+        self.probes = ProbeHooks(self._watching)
 
     def __deepcopy__(self, memo: dict) -> ForwardObserver:
         """The observer itself: a copy of the model (``cp.check``) keeps inert hooks."""
@@ -60,14 +63,16 @@ class ForwardObserver:
         self.model, self.loss = model, loss
         self._signature = forward_signature(model) if model is not None else None
         self.arm(keys)
+        self.probes.attach(model)
 
-    def arm(self, keys: Iterable[str]) -> bool:
-        """Watch the next forward passes for ``keys`` (empty: no hook stays on the model).
+    def arm(self, keys: Iterable[str], probes: Iterable[Probe] = ()) -> bool:
+        """Watch the next forward passes for ``keys`` and ``probes`` (none: no hook stays).
 
         Returns:
             Whether hooks are on the model now.
 
         """
+        probing = self.probes.arm(probes)
         self.keys = frozenset(keys) & OBSERVED_KEYS
         wanted = bool(self.keys) and self.model is not None
         if wanted and not self._handles:
@@ -86,7 +91,7 @@ class ForwardObserver:
                 handle.remove()
             self._handles = []
             self.clear()
-        return wanted
+        return wanted or probing
 
     def covers(self, keys: Iterable[str]) -> bool:
         """Whether the last forward pass was watched for ``keys`` (or nothing can be watched)."""
@@ -107,10 +112,16 @@ class ForwardObserver:
         self._passes = []
         self._depth = 0
 
+    def end_step(self) -> None:
+        """A step ended: forget its forward passes and what its probes recorded."""
+        self.clear()
+        self.probes.clear()
+
     def close(self) -> None:
         """Remove every hook and forget everything."""
         self.arm(frozenset())
         self.clear()
+        self.probes.close()
 
     # -- what a step takes ------------------------------------------------------------------
 

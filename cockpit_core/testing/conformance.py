@@ -121,7 +121,11 @@ def _check_schedule_and_values(
     _spy(quantity, calls)
     try:
         result = run_cockpit(
-            problem, [quantity], steps=steps, on_error="raise", info_extra=info_extra
+            problem,
+            [quantity],
+            steps=steps,
+            on_error="raise",
+            info_extra=info_extra,
         )
     except Exception as err:
         raise ConformanceError(_run_failure(cls, problem, err)) from err

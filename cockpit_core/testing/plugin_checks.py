@@ -292,7 +292,11 @@ def _check_sink(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Cockpit warns when it drops a raising sink
             result = run_cockpit(
-                tiny_mlp(), quantities, steps=3, sinks=[recorder], info_extra=info_extra
+                tiny_mlp(),
+                quantities,
+                steps=3,
+                sinks=[recorder],
+                info_extra=info_extra,
             )
             result.cockpit.log(2, train_loss=1.0)
             result.cockpit.close()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from cockpit_core.check.coverage import reads_forward_pass
 from cockpit_core.engine.cockpit import Cockpit
+from cockpit_core.errors import CockpitWarning
 from cockpit_core.plugin.registry import Registry
 from cockpit_core.testing.problems import Problem
 
@@ -76,7 +79,7 @@ def run_cockpit(
     optimizer: str = "sgd",
     registry: Registry | None = None,
     info_extra: dict[str, Any] | None = None,
-    attach: bool = False,
+    attach: bool | None = None,
     **cockpit_kwargs: Any,
 ) -> RunResult:
     """Train ``problem`` for ``steps`` steps with a Cockpit tracking ``quantities``.
@@ -84,12 +87,17 @@ def run_cockpit(
     The ``info`` dict holds ``loss``, ``individual_losses``, ``batch_size`` and
     ``optimizer``. Each step's snapshot allows brute-force reference computations.
     With ``attach=True`` the model and ``problem.individual_losses`` are attached
-    (``cp.attach``) and ``info`` also holds ``inputs`` and ``targets``.
+    (``cp.attach``) and ``info`` also holds ``inputs`` and ``targets``; by default
+    (``None``) only if a quantity reads the forward pass (declares probes).
     """
     model = problem.make_model()
     loss_fn = problem.loss_module()
     opt = OPTIMIZERS[optimizer](model.parameters())
-    cp = Cockpit(model.named_parameters(), quantities, registry=registry, **cockpit_kwargs)
+    with warnings.catch_warnings():  # the model is attached right below when it is needed
+        warnings.filterwarnings("ignore", "cockpit: .* read the forward pass", CockpitWarning)
+        cp = Cockpit(model.named_parameters(), quantities, registry=registry, **cockpit_kwargs)
+    if attach is None:
+        attach = any(reads_forward_pass(q) for q in cp.quantities)
     if attach:
         cp.attach(model, problem.individual_losses)
     result = RunResult(cp, model, problem)

@@ -49,8 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="NAME",
         help="train in a deliberately bad way (lr_too_high, lr_too_low, batch_too_small, "
-        "dead_layer; healthy is the control) and print what the diagnoses find; exit code "
-        "as cockpit diagnose. 'list' lists them",
+        "dead_layer, spike; healthy is the control) and print what the diagnoses find; exit "
+        "code as cockpit diagnose. 'list' lists them",
     )
 
 

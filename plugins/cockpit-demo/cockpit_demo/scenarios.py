@@ -46,6 +46,8 @@ class Scenario:
         batch_size: Mini-batch size.
         steps: Default number of steps.
         build_model: Builds the network.
+        spike: ``(share, factor)``: the update of step ``int(share * steps)`` is made with
+            ``factor`` times the learning rate (one step; ``None``: no spike).
 
     """
 
@@ -57,6 +59,15 @@ class Scenario:
     batch_size: int = 64
     steps: int = 60
     build_model: Callable[[], torch.nn.Module] = field(default=make_model)
+    spike: tuple[float, float] | None = None
+
+    def lr_at(self, steps: int) -> Callable[[int], float] | None:
+        """The learning rate of each step of a run of ``steps`` (``None``: ``lr`` throughout)."""
+        if self.spike is None:
+            return None
+        share, factor = self.spike
+        at, lr = int(share * steps), self.lr
+        return lambda step: lr * factor if step == at else lr
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -94,6 +105,14 @@ SCENARIOS: dict[str, Scenario] = {
         "dead_layers",
         build_model=make_dead_model,
     ),
+    "spike": Scenario(
+        "lr x30 for the update of one step, 70 % into the run: the loss spikes right after",
+        "loss,grad_norm",
+        ("loss_spike", "grad_norm_spike", "nonfinite"),
+        "loss_spike",
+        steps=100,
+        spike=(0.7, 30.0),
+    ),
 }
 """The scenarios by name; ``healthy`` is the control."""
 
@@ -129,9 +148,10 @@ def run_scenario(
 
     s = SCENARIOS[name]
     print(f"Scenario {name}: {s.description}")
+    steps = s.steps if steps is None else steps
     run = run_demo(
         s.quantities,
-        steps=s.steps if steps is None else steps,
+        steps=steps,
         out=out,
         seed=seed,
         batch_size=s.batch_size,
@@ -139,6 +159,7 @@ def run_scenario(
         picture=False,
         build_model=s.build_model,
         diagnoses=list(s.diagnoses),
+        lr_at=s.lr_at(steps),
     )
     log = run / "log.jsonl"
     findings = diagnose(log)

@@ -169,6 +169,7 @@ def run_demo(
     picture: bool = True,
     build_model: Callable[[], torch.nn.Module] = make_model,
     diagnoses: Sequence[str | dict[str, Any]] | None = None,
+    lr_at: Callable[[int], float] | None = None,
 ) -> Path:
     """Train for ``steps`` steps with the ``preset`` quantities and return the run folder.
 
@@ -183,6 +184,8 @@ def run_demo(
         build_model: Builds the network, after seeding (default :func:`make_model`).
         diagnoses: Diagnoses to run while training (``Cockpit(diagnoses=...)``); their
             findings go into the log.
+        lr_at: The learning rate of each step's update, ``lr_at(step)`` (default ``lr``
+            throughout); the scenarios' one-step spike.
 
     Raises:
         ValueError: ``steps`` is below 1; checked before the run folder is created.
@@ -227,6 +230,9 @@ def run_demo(
             }
             with cp(step, info=info):
                 loss.backward(retain_graph=cp.retain_graph(step))
+            if lr_at is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step)
             opt.step()
             report(step, loss.item())
     # after the last step (epoch_count only where an epoch starts)

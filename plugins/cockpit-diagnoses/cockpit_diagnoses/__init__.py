@@ -6,12 +6,15 @@ from cockpit_diagnoses.cost import Cost
 from cockpit_diagnoses.dead_layers import DeadLayers
 from cockpit_diagnoses.early_stopping import EarlyStopping
 from cockpit_diagnoses.exploding_gradients import ExplodingGradients
+from cockpit_diagnoses.grad_norm_spike import GradNormSpike
 from cockpit_diagnoses.gsnr_collapse import GSNRCollapse
 from cockpit_diagnoses.histogram_clamped import HistogramClamped
 from cockpit_diagnoses.loss_plateau import LossPlateau
+from cockpit_diagnoses.loss_spike import LossSpike
 from cockpit_diagnoses.nonfinite import NonFinite
 from cockpit_diagnoses.stability import Stability
 from cockpit_diagnoses.step_size import StepSize
+from cockpit_diagnoses.update_ratio_range import UpdateRatioRange
 from cockpit_diagnoses.vanishing_gradients import VanishingGradients
 
 DIAGNOSES = (
@@ -27,6 +30,9 @@ DIAGNOSES = (
     GSNRCollapse,
     HistogramClamped,
     CABSBatch,
+    LossSpike,
+    GradNormSpike,
+    UpdateRatioRange,
     Cost,
 )
 """Every diagnosis of this plugin, in documentation order."""
@@ -40,10 +46,13 @@ __all__ = [
     "EarlyStopping",
     "ExplodingGradients",
     "GSNRCollapse",
+    "GradNormSpike",
     "HistogramClamped",
     "LossPlateau",
+    "LossSpike",
     "NonFinite",
     "Stability",
     "StepSize",
+    "UpdateRatioRange",
     "VanishingGradients",
 ]

@@ -4,9 +4,11 @@ Each finding of these rules declares the knobs its suggestion turns, alternative
 (:attr:`cockpit_core.diagnosis.Finding.advice`):
 
 - learning rate down: ``step_size/overshoot``, ``stability``, ``exploding_gradients``,
-  ``nonfinite``, ``vanishing_gradients``, ``early_stopping``;
+  ``nonfinite``, ``vanishing_gradients``, ``early_stopping``, ``loss_spike``,
+  ``grad_norm_spike``, ``update_ratio_range`` (above ``high``);
 - learning rate up: ``step_size/undershoot``, ``loss_plateau`` (when the loss fell too
-  little; a loss that rose advises nothing);
+  little; a loss that rose advises nothing), ``update_ratio_range`` (below ``low``; a
+  layer that is not updated at all advises nothing);
 - batch size up and learning rate down: ``batch_size``, ``cabs_batch``, ``gsnr_collapse``;
 - nothing: ``dead_layers``, ``histogram_clamped``, ``cost``.
 
@@ -64,6 +66,22 @@ PRECEDENCE: tuple[Precedence, ...] = (
         over=("loss_plateau",),
         because="the mini-batch gradient is mostly noise: a larger learning rate amplifies "
         "the noise rather than the progress; grow the batch first",
+    ),
+    Precedence(
+        LEARNING_RATE,
+        wins=("loss_spike", "grad_norm_spike"),
+        over=("loss_plateau",),
+        because="the loss or the gradient spiked: the step was too large for that batch, and "
+        "a flat loss around a spike (the loss climbing back) is not a reason to raise the "
+        "learning rate",
+    ),
+    Precedence(
+        LEARNING_RATE,
+        wins=("update_ratio_range",),
+        over=("loss_plateau", "step_size/undershoot"),
+        because="a layer's updates rewrite too large a share of its weights per step: its "
+        "step is already too large, and a flat loss or a short step along the update is not "
+        "a reason to make it larger",
     ),
 )
 """The first-party rules, strongest evidence first."""

@@ -105,6 +105,60 @@ def train(
     return cp.get_output()
 
 
+def train_layers(
+    quantities: list[Any],
+    *,
+    steps: int,
+    lr: float,
+    seed: int = 0,
+    batch: int = 32,
+    factors: dict[str, float] | None = None,
+    spike: tuple[int, dict[str, float]] | None = None,
+    log: Path | None = None,
+    **cockpit_options: Any,
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """Train the classifier with one SGD param group per parameter; return output and header.
+
+    Parameter ``name`` trains with ``lr * factors[name]``; ``spike = (step, {name: f})``
+    multiplies the learning rate of the named parameters by ``f`` for the update of that one
+    step (the loss then spikes at ``step + 1``, measured at the parameters it moved). Every
+    step logs its batch as ``cp.log(step, batch_id=1000 + step)``.
+    """
+    x, y = make_data(seed)
+    model = make_model(seed)
+    factors = factors or {}
+    groups = [
+        {"params": [p], "lr": lr * factors.get(n, 1.0), "name": n}
+        for n, p in model.named_parameters()
+    ]
+    opt = torch.optim.SGD(groups, lr=lr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cp = Cockpit(model, quantities, log=log, **cockpit_options)
+        gen = torch.Generator().manual_seed(seed)
+        for step in range(steps):
+            idx = torch.randint(0, len(x), (batch,), generator=gen)
+            opt.zero_grad()
+            losses = per_sample_losses("classify", model(x[idx]), y[idx])
+            loss = losses.mean()
+            info = {"loss": loss, "individual_losses": losses.detach(), "batch_size": batch}
+            with cp(step, info=info):
+                loss.backward(retain_graph=cp.retain_graph(step))
+            boost = spike[1] if spike is not None and step == spike[0] else {}
+            for group in opt.param_groups:
+                group["lr"] = lr * factors.get(group["name"], 1.0) * boost.get(group["name"], 1.0)
+            opt.step()
+            cp.log(step, batch_id=1000 + step)
+        cp.close()
+    return cp.get_output(), cp.header()
+
+
+@pytest.fixture
+def layers():
+    """The function :func:`train_layers`."""
+    return train_layers
+
+
 @pytest.fixture
 def run():
     """The function :func:`train`."""

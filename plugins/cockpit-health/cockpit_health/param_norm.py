@@ -1,0 +1,31 @@
+"""L2 norm of the parameters."""
+
+from __future__ import annotations
+
+from cockpit_core import Quantity, StepContext
+from cockpit_health._norms import layered, norms64
+
+
+class ParamNorm(Quantity):
+    """Parameter norm ``||theta||_2`` per parameter and over all parameters.
+
+    With ``theta_i`` the values of parameter ``i`` during the step (before the optimizer
+    step that follows the backward pass),
+
+        per_param[i] = ||theta_i||_2,    total = sqrt(sum_i ||theta_i||_2^2) = ||theta||_2.
+
+    Megatron-LM logs the total as ``params-norm`` (``--log-params-norm``); a steady climb
+    signals weight growth that weight decay does not hold back, a drop that decay (or a
+    too-large update) shrinks the weights, and a jump the step that broke the run.
+    Computed in float64.
+
+    Output: ``{"total": float, "per_param": np.ndarray}``, ``per_param`` in the order of
+    the parameters the Cockpit tracks. Cost: one pass over the parameters.
+    """
+
+    name = "param_norm"
+
+    def compute(self, ctx: StepContext) -> dict:
+        """Return ``{"total": ||theta||, "per_param": [||theta_i||]}``."""
+        per_param = norms64(ctx.params)
+        return layered(per_param.norm(), per_param)

@@ -1,0 +1,64 @@
+"""Update-to-parameter ratio: the optimizer's step relative to the weights it moves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cockpit_core import StepContext, TwoStepQuantity
+from cockpit_health._norms import layered, norms64
+
+
+class UpdateRatio(TwoStepQuantity):
+    """Relative update size ``||theta_{s+1} - theta_s|| / ||theta_s||`` per parameter and total.
+
+    With ``theta_{s,i}`` the values of parameter ``i`` during step ``s`` and
+    ``Delta_i = theta_{s+1,i} - theta_{s,i}`` what the optimizer changed,
+
+        per_param[i] = ||Delta_i||_2 / ||theta_{s,i}||_2,
+        total        = ||Delta||_2 / ||theta_s||_2   (norms over all parameters).
+
+    ``total`` is the ratio of the total norms, not a mean of the per-parameter ratios.
+    It measures the real change, so it is exact under any optimizer (momentum, Adam,
+    weight decay, clipping, a scheduler). A ratio around ``1e-3`` per weight matrix is the
+    usual healthy scale for Adam-type training (the "update/weight ratio" rule of thumb of
+    CS231n's training notes; LLM trainers log it per parameter, e.g. OLMo-core's
+    optimization diagnostics option ``track_update_param_ratio``, and the muP literature,
+    Yang et al. 2022, "Tensor Programs V", sets per-layer learning rates so that relative
+    updates keep their scale as width grows). Much larger ratios (``>1e-2``) mean the
+    optimizer rewrites a layer in a few steps (instability ahead); much smaller ones
+    (``<1e-4``) a layer that barely learns.
+
+    Two-step: the parameters are copied at a tracked step ``s`` and compared at the next
+    step the Cockpit sees; the value is stored under ``s`` (as ``update_size``). A
+    parameter with ``||theta_{s,i}|| = 0`` (e.g. a bias initialised to zero) has ratio
+    ``inf`` if it moved and ``nan`` if it did not; the dashboard marks both. Norms in
+    float64; the difference is taken in the parameters' dtype (at least float32, so
+    bfloat16/float16 weights are subtracted exactly).
+
+    Output: ``{"total": float, "per_param": np.ndarray}``. Memory: one copy of the model
+    between the two steps.
+    """
+
+    name = "update_ratio"
+
+    def compute_start(self, ctx: StepContext) -> Any:
+        """Copy the parameters before the optimizer step."""
+        return [p.detach().clone() for p in ctx.params]
+
+    def compute_end(self, ctx: StepContext, state: Any) -> dict:
+        """Return ``{"total": ..., "per_param": [...]}`` of ``||Delta theta|| / ||theta_s||``."""
+        before = norms64(state)
+        change = norms64(_difference(p.detach(), p0) for p, p0 in zip(ctx.params, state))
+        with torch.no_grad():
+            per_param = change / before  # x / 0 = inf, 0 / 0 = nan, as documented
+            total = change.norm() / before.norm()
+        return layered(total, per_param)
+
+
+def _difference(after: Tensor, before: Tensor) -> Tensor:
+    """``after - before`` in the common dtype, promoted to at least float32."""
+    dtype = torch.promote_types(torch.promote_types(after.dtype, before.dtype), torch.float32)
+    return after.to(dtype) - before.to(dtype)
