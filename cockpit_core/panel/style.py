@@ -102,6 +102,22 @@ def positive(values: np.ndarray) -> bool:
     return v.size > 0 and bool((v > 0).all())
 
 
+def log_if_wide(ax: Any, values: np.ndarray, factor: float = 20.0) -> bool:
+    """Log y-scale when the finite values are positive and span more than ``factor``.
+
+    Returns:
+        Whether the scale is now logarithmic (a panel's moving average is then taken in log
+        scale too).
+
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if positive(v) and v.max() / v.min() > factor:
+        ax.set_yscale("log")
+        return True
+    return False
+
+
 def message(ax: Any, text: str) -> None:
     """Write ``text`` in the middle of an otherwise empty panel."""
     ax.text(

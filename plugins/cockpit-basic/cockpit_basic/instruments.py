@@ -26,29 +26,16 @@ from cockpit_core.panel.style import (
     SECONDARY,
     finish,
     line,
+    log_if_wide,
     mark_nonfinite,
-    positive,
 )
-
-
-def _log_if_wide(ax: Any, values: np.ndarray) -> bool:
-    """Log y-scale when values are positive and span more than a factor of 20; ``True`` if so.
-
-    The panel's moving average is then taken in log scale too (:func:`smooth`).
-    """
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if positive(v) and v.max() / v.min() > 20:
-        ax.set_yscale("log")
-        return True
-    return False
 
 
 def draw_loss(ax: Any, output: Any, header: Any) -> None:
     """Mini-batch loss (grey) and its moving average over the tracked points (blue)."""
     steps, loss = series(output, "loss", None)
     ax.plot(steps, loss, color=MUTED, lw=0.7, alpha=0.8, label="mini-batch loss")
-    logy = _log_if_wide(ax, loss)
+    logy = log_if_wide(ax, loss)
     line(ax, steps, smooth(loss, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="loss", legend=True)
 
@@ -118,7 +105,7 @@ def draw_performance(ax: Any, output: Any, header: Any) -> None:
     if losses:
         ax.set_ylabel("loss", fontsize=8, color=PRIMARY)
         loss_values = np.concatenate([h.get_ydata() for h in losses])
-        _log_if_wide(ax, loss_values)
+        log_if_wide(ax, loss_values)
     acc_ax = ax.twinx() if losses else ax
     accuracies = _draw_split_metrics(acc_ax, output, "accuracy", SECONDARY, "acc")
     if accuracies:
@@ -150,7 +137,7 @@ def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
         ratio = upd[iu] / gnorm[ig]
     ax.plot(common, ratio, color=MUTED, lw=0.7, label=r"$\|\Delta\theta\| / \|g\|$")
     rates = learning_rates(output)
-    logy = _log_if_wide(ax, np.concatenate([ratio, *(lr for _, lr, _ in rates)]))
+    logy = log_if_wide(ax, np.concatenate([ratio, *(lr for _, lr, _ in rates)]))
     line(ax, common, smooth(ratio, log=logy), color=PRIMARY, label="moving average")
     for steps, lr, label in rates:
         ax.step(steps, lr, where="post", color=SECONDARY, ls="--", lw=1.2, label=label)
@@ -173,7 +160,7 @@ def draw_grad_norm(ax: Any, output: Any, header: Any) -> None:
     """Total gradient norm over steps with a moving average."""
     steps, norm = series(output, "grad_norm")
     ax.plot(steps, norm, color=MUTED, lw=0.7, alpha=0.8, label=r"$\|g\|$")
-    logy = _log_if_wide(ax, norm)
+    logy = log_if_wide(ax, norm)
     line(ax, steps, smooth(norm, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="gradient norm", legend=True)
 
@@ -190,7 +177,7 @@ def draw_per_layer(ax: Any, output: Any, header: Any, name: str, ylabel: str) ->
         label = names[j] if j < 8 else None
         ax.plot(steps, per[:, j], color=cmap[j], lw=1.0, label=label)
         mark_nonfinite(ax, steps, per[:, j])
-    _log_if_wide(ax, per)
+    log_if_wide(ax, per)
     finish(ax, ylabel=ylabel)
     if per.shape[1] <= 12:
         ax.legend(fontsize=6, loc="best", ncol=2, framealpha=0.6)
@@ -218,7 +205,7 @@ def draw_distance(ax: Any, output: Any, header: Any) -> None:
         steps, upd = series(output, "update_size")
         handles += twin.plot(steps, upd, color=SECONDARY, lw=1.0)
         mark_nonfinite(twin, steps, upd)
-        _log_if_wide(twin, upd)
+        log_if_wide(twin, upd)
         twin.set_ylabel(r"update size $\|\theta_{t+1}-\theta_t\|$", fontsize=8, color=SECONDARY)
         twin.tick_params(labelsize=7)
     finish(ax)  # the axis labels carry the colours of their curves: no legend over the data

@@ -22,17 +22,15 @@ from cockpit_core.panel import (
     smooth,
     values,
 )
-from cockpit_core.panel.style import BAD, MUTED, PRIMARY, SECONDARY, finish, line, positive
-
-
-def _log_if_wide(ax: Any, vals: np.ndarray) -> bool:
-    """Log y-scale when values are positive and span more than a factor of 20; ``True`` if so."""
-    v = np.asarray(vals, dtype=float)
-    v = v[np.isfinite(v)]
-    if positive(v) and v.max() / v.min() > 20:
-        ax.set_yscale("log")
-        return True
-    return False
+from cockpit_core.panel.style import (
+    BAD,
+    MUTED,
+    PRIMARY,
+    SECONDARY,
+    finish,
+    line,
+    log_if_wide,
+)
 
 
 def _eigenvalue(value: Any) -> float:
@@ -72,7 +70,7 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
             label="next eigenvalues" if j == 1 else None,
         )
     ax.plot(steps, lam, color=MUTED, lw=0.7, marker=".", ms=2, label=r"$\lambda_{max}$")
-    logy = _log_if_wide(ax, lam)
+    logy = log_if_wide(ax, lam)
     line(ax, steps, smooth(lam, log=logy), color=PRIMARY, label="moving average")
     missed = [
         i
@@ -135,7 +133,7 @@ def draw_trace(ax: Any, output: Any, header: Any) -> None:
     _error_band(ax, output, "hess_trace", steps, total, PRIMARY, "total")
     line(ax, steps, total, color=PRIMARY, lw=1.8, label="total")
     all_vals = np.concatenate([total, per.ravel()]) if per.size else total
-    _log_if_wide(ax, all_vals)
+    log_if_wide(ax, all_vals)
     finish(ax, ylabel="tr(H)")
     ax.legend(fontsize=6, ncol=2, loc="best", framealpha=0.6)
 
@@ -158,7 +156,7 @@ def draw_tic(ax: Any, output: Any, header: Any) -> None:
             line(ax, steps, tic, color=color, label=label)
             drawn.append(tic)
     if drawn:
-        _log_if_wide(ax, np.concatenate(drawn))
+        log_if_wide(ax, np.concatenate(drawn))
     finish(ax, ylabel="TIC", legend=True)
 
 

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from cockpit_core.diagnosis import DiagnosisConfig, Window
+from cockpit_core.diagnosis import Diagnosis, DiagnosisConfig, Finding, Window
 from cockpit_diagnoses._common import fmt
+from cockpit_diagnoses.precedence import LOWER_LR
 
 MAD_TO_STD = 1.4826
 """``1 / Phi^-1(3/4)``: the MAD times this is the standard deviation of normal noise."""
@@ -354,3 +355,46 @@ SPIKE_SUGGESTION = (
     "cp.log(step, batch_id=...) to see the batch in the finding."
 )
 """What the spike rules suggest."""
+
+
+class SpikeDiagnosis(Diagnosis):
+    """A spike rule on one logged series: :func:`find_spikes`, then :func:`attribution`.
+
+    Subclasses name the series (``series``: quantity and field), what it is called in the
+    message (``what``) and the findings' ``severity``; everything else is shared.
+    """
+
+    series: tuple[str, str | None]
+    what: str
+    severity: str
+    Config = SpikeConfig
+    config: SpikeConfig
+
+    def applies(self, window: Window) -> bool:
+        """The series is needed; the other quantities only name the parameters."""
+        return window.has(self.series[0])
+
+    def check(self, window: Window) -> list[Finding]:
+        """Return one finding per spike (consecutive flagged steps)."""
+        cfg = self.config
+        key, field = self.series
+        steps, values = (
+            window.finite_series(key) if field is None else window.finite_series(key, field)
+        )
+        found = []
+        for spike in find_spikes(steps, values, cfg):
+            who, clause = attribution(window, spike.first_step, cfg)
+            found.append(
+                self.finding(
+                    "",
+                    self.severity,
+                    spike.first_step,
+                    spike.last_step,
+                    f"{self.what} at {at_step(spike.first_step, who)} is {fmt(spike.value)}: "
+                    f"{how_far(spike)}{clause}",
+                    {**spike_evidence(spike, key, cfg), **who},
+                    SPIKE_SUGGESTION,
+                    LOWER_LR,
+                )
+            )
+        return found

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from cockpit_core.diagnosis import Diagnosis, Finding, Window
-from cockpit_diagnoses._common import fmt
-from cockpit_diagnoses._spike import (
-    SPIKE_SUGGESTION,
-    SpikeConfig,
-    at_step,
-    attribution,
-    find_spikes,
-    how_far,
-    spike_evidence,
-)
-from cockpit_diagnoses.precedence import LOWER_LR, won_by
+from cockpit_diagnoses._spike import SpikeDiagnosis
+from cockpit_diagnoses.precedence import won_by
 
 
-class GradNormSpike(Diagnosis):
+class GradNormSpike(SpikeDiagnosis):
     """The total gradient norm at a step is far above the ``window`` (50) tracked steps before.
 
     OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious", its section on training stability) watches the gradient
@@ -36,32 +26,7 @@ class GradNormSpike(Diagnosis):
         "OLMo 2 (2024): gradient-norm spikes precede loss spikes; PaLM (Chowdhery et al. 2022, "
         "Sec. 5.1); robust z-score against the trailing window"
     )
-    Config = SpikeConfig
-    config: SpikeConfig
+    series = ("grad_norm", "total")
+    what = "the gradient norm"
+    severity = "info"
     precedence = won_by(name)
-
-    def applies(self, window: Window) -> bool:
-        """The gradient norm is needed; the update ratio only names the parameters."""
-        return window.has("grad_norm")
-
-    def check(self, window: Window) -> list[Finding]:
-        """Return one finding per spike of the total gradient norm."""
-        cfg = self.config
-        steps, norm = window.finite_series("grad_norm", "total")
-        found = []
-        for spike in find_spikes(steps, norm, cfg):
-            who, clause = attribution(window, spike.first_step, cfg)
-            found.append(
-                self.finding(
-                    "",
-                    "info",
-                    spike.first_step,
-                    spike.last_step,
-                    f"the gradient norm at {at_step(spike.first_step, who)} is {fmt(spike.value)}: "
-                    f"{how_far(spike)}{clause}",
-                    {**spike_evidence(spike, "grad_norm", cfg), **who},
-                    SPIKE_SUGGESTION,
-                    LOWER_LR,
-                )
-            )
-        return found

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from cockpit_core.diagnosis import Diagnosis, Finding, Window
-from cockpit_diagnoses._common import fmt
-from cockpit_diagnoses._spike import (
-    SPIKE_SUGGESTION,
-    SpikeConfig,
-    at_step,
-    attribution,
-    find_spikes,
-    how_far,
-    spike_evidence,
-)
-from cockpit_diagnoses.precedence import LOWER_LR, won_by
+from cockpit_diagnoses._spike import SpikeDiagnosis
+from cockpit_diagnoses.precedence import won_by
 
 
-class LossSpike(Diagnosis):
+class LossSpike(SpikeDiagnosis):
     """The loss at a step is far above the ``window`` (50) tracked steps before it.
 
     Large-scale training watches for loss spikes: PaLM (Chowdhery et al. 2022, "PaLM:
@@ -43,32 +33,7 @@ class LossSpike(Diagnosis):
         "PaLM (Chowdhery et al. 2022, Sec. 5.1) and OLMo 2 (2024): robust z-score of the loss "
         "against its trailing window"
     )
-    Config = SpikeConfig
-    config: SpikeConfig
+    series = ("loss", None)
+    what = "the loss"
+    severity = "warning"
     precedence = won_by(name)
-
-    def applies(self, window: Window) -> bool:
-        """The loss is needed; the other quantities only name the parameters."""
-        return window.has("loss")
-
-    def check(self, window: Window) -> list[Finding]:
-        """Return one finding per spike (consecutive flagged steps)."""
-        cfg = self.config
-        steps, loss = window.finite_series("loss")
-        found = []
-        for spike in find_spikes(steps, loss, cfg):
-            who, clause = attribution(window, spike.first_step, cfg)
-            found.append(
-                self.finding(
-                    "",
-                    "warning",
-                    spike.first_step,
-                    spike.last_step,
-                    f"the loss at {at_step(spike.first_step, who)} is {fmt(spike.value)}: "
-                    f"{how_far(spike)}{clause}",
-                    {**spike_evidence(spike, "loss", cfg), **who},
-                    SPIKE_SUGGESTION,
-                    LOWER_LR,
-                )
-            )
-        return found

@@ -19,7 +19,7 @@ from cockpit_core.panel.style import (
     TERTIARY,
     finish,
     line,
-    positive,
+    log_if_wide,
 )
 
 TESTS = (
@@ -27,16 +27,6 @@ TESTS = (
     ("inner_test", "inner", SECONDARY),
     ("ortho_test", "ortho", TERTIARY),
 )
-
-
-def _log_if_wide(ax: Any, values: np.ndarray) -> bool:
-    """Log y-scale when values are positive and span more than a factor of 20; ``True`` if so."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if positive(v) and v.max() / v.min() > 20:
-        ax.set_yscale("log")
-        return True
-    return False
 
 
 def draw_gradient_tests(ax: Any, output: Any, header: Any) -> None:
@@ -56,7 +46,7 @@ def draw_gradient_tests(ax: Any, output: Any, header: Any) -> None:
         line(ts, steps, vals, color=color, label=label)
         everything.append(vals)
     if everything:
-        _log_if_wide(ts, np.concatenate(everything))
+        log_if_wide(ts, np.concatenate(everything))
     ts.axhline(1.0, color=MUTED, ls="--", lw=0.8)
     finish(ts, ylabel=r"largest passing $\theta$ / $\nu$", legend=True)
 
@@ -99,7 +89,7 @@ def draw_mean_gsnr(ax: Any, output: Any, header: Any) -> None:
     """Mean gradient signal-to-noise ratio with a moving average (geometric on a log axis)."""
     steps, gsnr = series(output, "mean_gsnr")
     ax.plot(steps, gsnr, color=MUTED, lw=0.7, label="GSNR")
-    logy = _log_if_wide(ax, gsnr)
+    logy = log_if_wide(ax, gsnr)
     line(ax, steps, smooth(gsnr, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="mean GSNR", legend=True)
 
@@ -120,7 +110,7 @@ def draw_cabs(ax: Any, output: Any, header: Any) -> None:
     """Batch size suggested by CABS over steps."""
     steps, size = series(output, "cabs")
     ax.plot(steps, size, color=MUTED, lw=0.7, label="suggested")
-    logy = _log_if_wide(ax, size)
+    logy = log_if_wide(ax, size)
     line(ax, steps, smooth(size, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="batch size", legend=True)
 

@@ -19,9 +19,9 @@ from cockpit_core.panel.style import (
     TERTIARY,
     finish,
     line,
+    log_if_wide,
     mark_nonfinite,
     message,
-    positive,
 )
 
 HEALTHY_UPDATE_RATIO = (1e-4, 1e-2)
@@ -29,16 +29,6 @@ HEALTHY_UPDATE_RATIO = (1e-4, 1e-2)
 
 LABELLED_LAYERS = 8
 """Per-layer panels label at most this many parameters (the others are drawn unlabelled)."""
-
-
-def _log_if_wide(ax: Any, data: np.ndarray) -> bool:
-    """Log y-scale when the finite values are positive and span more than a factor of 20."""
-    v = np.asarray(data, dtype=float)
-    v = v[np.isfinite(v)]
-    if positive(v) and v.max() / v.min() > 20:
-        ax.set_yscale("log")
-        return True
-    return False
 
 
 def _colors(count: int) -> list[Any]:
@@ -83,7 +73,7 @@ def draw_param_norm(ax: Any, output: Any, header: Any) -> None:
     steps, norm = series(output, "param_norm")
     ax.plot(steps, norm, color=MUTED, lw=0.7, alpha=0.8, label=r"$\|\theta\|$")
     mark_nonfinite(ax, steps, norm)
-    logy = _log_if_wide(ax, norm)
+    logy = log_if_wide(ax, norm)
     line(ax, steps, smooth(norm, log=logy), color=PRIMARY, label="moving average")
     finish(ax, ylabel="parameter norm", legend=True)
 
@@ -95,7 +85,7 @@ def draw_param_norm_layers(ax: Any, output: Any, header: Any) -> None:
         message(ax, "no per-parameter values")
         return
     _draw_layers(ax, header, steps, per, lw=1.0)
-    _log_if_wide(ax, per)
+    log_if_wide(ax, per)
     finish(ax, ylabel=r"$\|\theta_i\|$")
     if per.shape[1] <= 12:
         ax.legend(fontsize=6, loc="best", ncol=2, framealpha=0.6)
@@ -125,7 +115,7 @@ def draw_noise_scale(ax: Any, output: Any, header: Any) -> None:
     with np.errstate(invalid="ignore", divide="ignore"):
         signal = smooth(d["grad_sq"])
         averaged = np.where(signal > 0, smooth(d["trace_cov"]) / signal, np.nan)
-    logy = _log_if_wide(ax, np.concatenate([b, averaged]))
+    logy = log_if_wide(ax, np.concatenate([b, averaged]))
     band = np.isfinite(b) & np.isfinite(se)
     if band.any():
         lower = np.where(band, b, np.nan) - np.where(band, se, np.nan)
