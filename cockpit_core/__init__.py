@@ -41,7 +41,13 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     from cockpit_core.log import read_log
     from cockpit_core.observe.probe import Probe
     from cockpit_core.plugin.registry import Registry, default_registry
-    from cockpit_core.quantity import Quantity, QuantityConfig, ResumeContext, TwoStepQuantity
+    from cockpit_core.quantity import (
+        Quantity,
+        QuantityConfig,
+        ResumeContext,
+        TwoStepQuantity,
+        layered,
+    )
     from cockpit_core.requirements import (
         BATCH_DOT,
         BATCH_L2,
@@ -76,6 +82,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "Quantity": "cockpit_core.quantity",
     "QuantityConfig": "cockpit_core.quantity",
     "TwoStepQuantity": "cockpit_core.quantity",
+    "layered": "cockpit_core.quantity",
     "ResumeContext": "cockpit_core.quantity",
     "StepContext": "cockpit_core.context",
     "Cache": "cockpit_core.cache",

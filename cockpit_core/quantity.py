@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union, get_args, get_origin
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -242,6 +243,22 @@ def _without_union_tags(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
 def _is_plain(value: Any) -> bool:
     """Whether ``value`` is a short scalar worth quoting in a message."""
     return isinstance(value, (bool, int, float, str)) and len(repr(value)) <= 60
+
+
+def layered(total: Any, per_param: Any) -> dict[str, Any]:
+    """The per-layer output convention: ``{"total": float, "per_param": float64 array}``.
+
+    The dashboard's per-parameter panels, the sinks and the diagnoses read per-layer values
+    in this form, ``per_param`` in the order of ``ctx.param_names``.
+
+    Args:
+        total: The value over all parameters (a number or a 0-d tensor).
+        per_param: One value per parameter (a tensor, on any device, or a sequence).
+
+    """
+    if hasattr(per_param, "detach"):  # a tensor: one transfer to the host
+        per_param = per_param.detach().to("cpu").double().numpy()
+    return {"total": float(total), "per_param": np.asarray(per_param, dtype=np.float64)}
 
 
 @dataclass(frozen=True)

@@ -292,10 +292,10 @@ class Planner:
         if loss_graph is None:
             loss_graph = any(r.loss_graph for q in self.quantities for r in q.all_requirements())
         if self.observer is not None:
-            if keys is None:
-                keys = observed_keys(self._all_requirements())
-            if probes is None:
-                probes = [p for r in self._all_requirements() for p in r.probes]
+            if keys is None or probes is None:  # every quantity's, asked once
+                everything = self._all_requirements()
+                keys = observed_keys(everything) if keys is None else keys
+                probes = [p for r in everything for p in r.probes] if probes is None else probes
             observing = self.observer.arm(keys, probes) or observing
         self._stance.set(observing or loss_graph)
 

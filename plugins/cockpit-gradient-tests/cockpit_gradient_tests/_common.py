@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -115,14 +114,6 @@ def elementwise_variances(
     divisor = batch_size - 1 if unbiased else batch_size
     var = [(s - batch_size * g2).clamp(min=0) / divisor for s, g2 in zip(sgs, grad_sq)]
     return batch_size, grad_sq, var
-
-
-def layered(total: Tensor, per_param: Tensor) -> dict[str, float | np.ndarray]:
-    """The output format ``{"total": float, "per_param": np.ndarray}`` (one entry per parameter)."""
-    return {
-        "total": float(total),
-        "per_param": per_param.detach().to("cpu", torch.float64).numpy(),
-    }
 
 
 def epsilon_field_description(what: str) -> str:

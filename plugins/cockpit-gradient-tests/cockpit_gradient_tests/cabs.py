@@ -15,8 +15,9 @@ from cockpit_core import (
     QuantityConfig,
     Requirements,
     StepContext,
+    layered,
 )
-from cockpit_gradient_tests._common import elementwise_variances, layered
+from cockpit_gradient_tests._common import elementwise_variances
 
 
 class CABSConfig(QuantityConfig):

@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from cockpit_core import SUM_GRAD_SQUARED, Quantity, QuantityConfig, Requirements, StepContext
-from cockpit_gradient_tests._common import elementwise_variances, epsilon_field_description, layered
+from cockpit_core import (
+    SUM_GRAD_SQUARED,
+    Quantity,
+    QuantityConfig,
+    Requirements,
+    StepContext,
+    layered,
+)
+from cockpit_gradient_tests._common import elementwise_variances, epsilon_field_description
 
 
 class MeanGSNRConfig(QuantityConfig):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core import BATCH_L2, Quantity, Requirements, StepContext
+from cockpit_core import BATCH_L2, Quantity, Requirements, StepContext, layered
 from cockpit_gradient_tests._common import (
     grads64,
-    layered,
     require_samples,
     samples_in,
     stat64,

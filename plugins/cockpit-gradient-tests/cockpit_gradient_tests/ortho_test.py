@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from cockpit_core import BATCH_L2, BATCH_PROJECTION, Quantity, Requirements, StepContext
-from cockpit_gradient_tests._common import gram_reductions, layered
+from cockpit_core import BATCH_L2, BATCH_PROJECTION, Quantity, Requirements, StepContext, layered
+from cockpit_gradient_tests._common import gram_reductions
 
 
 class OrthoTest(Quantity):

@@ -1,10 +1,9 @@
-"""L2 norms in float64 and the per-layer output format ``{"total", "per_param"}``."""
+"""L2 norms in float64, one tensor at a time."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,11 +21,3 @@ def norms64(tensors: Iterable[Tensor]) -> Tensor:
     if len({v.device for v in values}) > 1:
         values = [v.cpu() for v in values]
     return torch.stack(values).cpu()
-
-
-def layered(total: Tensor | float, per_param: Tensor) -> dict[str, float | np.ndarray]:
-    """The output format ``{"total": float, "per_param": np.ndarray}`` (one entry per parameter)."""
-    return {
-        "total": float(total),
-        "per_param": per_param.detach().to("cpu", torch.float64).numpy(),
-    }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cockpit_core import Quantity, StepContext
-from cockpit_health._norms import layered, norms64
+from cockpit_core import Quantity, StepContext, layered
+from cockpit_health._norms import norms64
 
 
 class ParamNorm(Quantity):

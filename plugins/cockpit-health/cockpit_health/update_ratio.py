@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cockpit_core import StepContext, TwoStepQuantity
-from cockpit_health._norms import layered, norms64
+from cockpit_core import StepContext, TwoStepQuantity, layered
+from cockpit_health._norms import norms64
 
 
 class UpdateRatio(TwoStepQuantity):
