@@ -14,7 +14,9 @@ from collections.abc import Iterable
 
 import torch
 
-from cockpit_core.check.report import CoverageReport, CoverageRow, ParamRoute
+# CoverageReport is also imported from here (by the engine): an explicit re-export
+from cockpit_core.check.report import CoverageReport as CoverageReport
+from cockpit_core.check.report import CoverageRow, ParamRoute
 from cockpit_core.engine import loop_checks
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.quantity import Quantity
@@ -66,13 +68,13 @@ def check_model(
         router.attach(model)  # a report on another model than the attached one
     has_attention = any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules())
     rows = []
-    kinds: dict[str, str] = {}
+    kinds: dict[str, StatisticKind] = {}
     for q in quantities:
         requirements = q.all_requirements()
         stats = {s.identity: s for r in requirements for s in r.statistics}.values()
         hows, problems, hints = [], [], []
         for stat in stats:
-            kinds.setdefault(str(stat.kind), stat.kind)
+            kinds.setdefault(str(stat.kind), requested_kind(stat))
             hows.append(_summary(router, requested_kind(stat)))
             _, problem = router.describe(stat)
             if problem:
@@ -98,9 +100,13 @@ def check_model(
     return CoverageReport(tuple(rows), _param_routes(router, list(kinds.values())))
 
 
-def _param_routes(router: StatisticsRouter, kinds: list) -> tuple[ParamRoute, ...]:
+def _param_routes(router: StatisticsRouter, kinds: list[StatisticKind]) -> tuple[ParamRoute, ...]:
     """Parameters grouped by their routes, how they are served and the reasons of the others."""
-    groups: dict[tuple, tuple[list[str], list[tuple[str, str, str]]]] = {}
+    # (providers, reasons) -> (names, how)
+    groups: dict[
+        tuple[tuple[tuple[str, str | None], ...], tuple[tuple[str, str], ...]],
+        tuple[list[str], list[tuple[str, str, str]]],
+    ] = {}
     for i, slot in enumerate(router.slots):
         if not slot.param.requires_grad or not kinds:
             continue

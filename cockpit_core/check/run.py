@@ -163,7 +163,7 @@ class _Counter:
         self.batch_size = 0
         self._handle = model.register_forward_pre_hook(self._seen, with_kwargs=True)
 
-    def _seen(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def _seen(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.calls += 1
         if not self.batch_size:
             self.batch_size = leading_size((args, kwargs))
@@ -260,7 +260,7 @@ def run_sample_step(
         return report, _delivered(router, named, run, witness)
 
 
-def _copies(model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any, dict]:
+def _copies(model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any, dict[int, Any]]:
     """Deep copies of the model and the optimizer (on the copied parameters), and the memo.
 
     Raises:
@@ -366,7 +366,11 @@ def _delivered(
     serve a parameter come from the user's router (the copy routes the same way).
     """
     stats: Sequence[Statistic] = run.merged.statistics
-    groups: dict[tuple, tuple[list[str], list[tuple[str, str, str]]]] = {}
+    # (providers, reasons, notes) -> (names, how)
+    groups: dict[
+        tuple[tuple[tuple[str, str | None], ...], tuple[tuple[str, str], ...], tuple[str, ...]],
+        tuple[list[str], list[tuple[str, str, str]]],
+    ] = {}
     for i, (name, p) in enumerate(named):
         if not p.requires_grad or not stats:
             continue

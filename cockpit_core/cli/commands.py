@@ -232,8 +232,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from cockpit_core.check.sample import PER_SAMPLE_LOSSES
     from cockpit_core.engine.cockpit import Cockpit
+    from cockpit_core.engine.losses import PER_SAMPLE_LOSSES
 
     model, sample = _model_and_sample(load_model_factory(args.model)(), args)
     options: dict[str, Any] = {}  # Cockpit's keyword arguments

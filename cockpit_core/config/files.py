@@ -128,7 +128,8 @@ def parse_settings(
             [("", f"expected a mapping of options, got {type(data).__name__}")], source
         )
     try:
-        return validate_config(CockpitSettings, dict(data))
+        settings: CockpitSettings = validate_config(CockpitSettings, dict(data))
+        return settings
     except ConfigError as err:
         raise ConfigError(err.errors, source) from None
 

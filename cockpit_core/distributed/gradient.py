@@ -21,13 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from cockpit_core.statistics.projection import Deferred, failed_directions, project
+from cockpit_core.statistics.per_sample import PerSampleGrads
+from cockpit_core.statistics.projection import (
+    Deferred,
+    DeferredConcat,
+    failed_directions,
+    project,
+)
+
+if TYPE_CHECKING:
+    from cockpit_core.engine.hvp import HessianVectorProducts
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,7 @@ class GlobalGradient:
                 if p.requires_grad:
                     self._handles.append(p.register_hook(self._capture(i)))
 
-    def _capture(self, i: int):
+    def _capture(self, i: int) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
             g = grad.detach()
             prev = self._local[i]
@@ -265,7 +274,13 @@ class GlobalGradient:
             out[ident] = [red[sl].to(dt).reshape(-1, *tail) for sl, dt, tail in slots[ident]]
         return out
 
-    def _project(self, stat: Any, value: Any, grad: Tensor, param: Tensor) -> Tensor:
+    def _project(
+        self,
+        stat: Any,
+        value: PerSampleGrads | DeferredConcat | Tensor | None,
+        grad: Tensor,
+        param: Tensor,
+    ) -> Tensor:
         """The local projections of one parameter (zeros if it had no gradient here)."""
         if isinstance(value, Deferred):
             return project(stat, value, grad, param)
@@ -351,7 +366,7 @@ class Lockstep:
 class DistributedHVP:
     """Hessian-vector products of the global mean loss: ``sum_r (B_r / N) H_r v``."""
 
-    def __init__(self, local: Any, shares: Shares):
+    def __init__(self, local: HessianVectorProducts, shares: Shares):
         self._local, self._shares = local, shares
         self.lockstep: Lockstep | None = None
 

@@ -79,7 +79,8 @@ def check_loss_spec(loss_fn: Any) -> LossSpec:
 
     """
     if loss_fn is None or callable(loss_fn) or loss_fn == "auto":
-        return loss_fn
+        spec: LossSpec = loss_fn  # a callable is taken to be loss(outputs, targets) -> [B]
+        return spec
     if isinstance(loss_fn, str):
         try:
             per_sample_loss(loss_fn)
@@ -101,11 +102,14 @@ def targets_of(batch: Any) -> Tensor | None:
     """
     if isinstance(batch, Mapping):
         for key in TARGET_KEYS:
-            if isinstance(batch.get(key), Tensor):
-                return batch[key]
+            value = batch.get(key)
+            if isinstance(value, Tensor):
+                return value
         return None
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(batch[-1], Tensor):
-        return batch[-1]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        last = batch[-1]
+        if isinstance(last, Tensor):
+            return last
     return None
 
 

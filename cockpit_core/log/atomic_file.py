@@ -18,7 +18,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def _umask() -> int:
@@ -44,7 +44,7 @@ def _mode(path: Path) -> int:
 @contextlib.contextmanager
 def atomic_write(
     path: str | os.PathLike[str], mode: str = "wb", durable: bool = False
-) -> Iterator[IO]:
+) -> Iterator[IO[Any]]:
     """Open a temporary file next to ``path``; on success rename it over ``path``.
 
     Args:

@@ -121,7 +121,9 @@ def _decode_lists(data: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     return array
 
 
-def _decode_bytes(data: str, entry: dict, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+def _decode_bytes(
+    data: str, entry: dict[str, Any], dtype: np.dtype, shape: list[int]
+) -> np.ndarray:
     """json-tricks' compact form (``b64:`` or ``b64.gz:``), bounded by the declared size."""
     endian = entry.get("endian", "native")
     orders: dict[str, Literal["<", ">", "="]] = {"little": "<", "big": ">", "native": "="}
@@ -165,7 +167,7 @@ def _decode_bytes(data: str, entry: dict, dtype: np.dtype, shape: list[int]) -> 
     return array.reshape(shape, order=order).astype(dtype)
 
 
-def _decode_array(entry: dict, max_elements: int, budget: Budget) -> Any:
+def _decode_array(entry: dict[str, Any], max_elements: int, budget: Budget) -> Any:
     dtype = entry.get("dtype")
     if not isinstance(dtype, str) or dtype not in SAFE_DTYPES:
         raise UnsafeLogError(
@@ -207,7 +209,7 @@ def _decode_array(entry: dict, max_elements: int, budget: Budget) -> Any:
     return array.item() if array.ndim == 0 else array
 
 
-def _decode_complex(entry: dict) -> complex:
+def _decode_complex(entry: dict[str, Any]) -> complex:
     if set(entry) != {"__complex__"}:
         raise UnsafeLogError(
             f"unexpected keys {sorted(set(entry) - {'__complex__'})} in a complex entry."
@@ -220,7 +222,7 @@ def _decode_complex(entry: dict) -> complex:
     return complex(parts[0], parts[1])
 
 
-def _decode_int(entry: dict) -> int:
+def _decode_int(entry: dict[str, Any]) -> int:
     if set(entry) != {"__int__"}:
         raise UnsafeLogError(f"unexpected keys {sorted(set(entry) - {'__int__'})} in an int entry.")
     text = entry["__int__"]

@@ -125,7 +125,7 @@ class _Cleaner:
             return value
         return self._placeholder("int", f"int of {value.bit_length()} bits")
 
-    def _key(self, key: Any, out: dict) -> str:
+    def _key(self, key: Any, out: dict[str, Any]) -> str:
         if type(key) is str or type(key) is Placeholder:
             name = key
         elif isinstance(key, str):
@@ -146,7 +146,7 @@ class _Cleaner:
                 name, i = placeholder(f"{reason} (#{i})"), i + 1
         return name
 
-    def _dict(self, value: Mapping, depth: int) -> dict:
+    def _dict(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, item in list(value.items()):
             item = item if type(item) in _PLAIN else self.clean(item, depth + 1)
@@ -259,7 +259,7 @@ def _from_longdouble(value: Any) -> tuple[Any, bool]:
     return (converted[()].item() if array.ndim == 0 else converted), exact
 
 
-def _where(root: str, keys: tuple) -> str:
+def _where(root: str, keys: tuple[Any, ...]) -> str:
     path = root + "".join(f"[{k!r}]" for k in keys)
     return path if len(path) <= 120 else f"{path[:60]}...{path[-50:]}"
 
@@ -271,7 +271,7 @@ def unserializable_notes(value: Any, where: str = "value") -> list[str]:
     and per ``np.longdouble`` value that float64 rounds or cannot hold.
     """
     notes: list[str] = []
-    stack: list[tuple[tuple, Any]] = [((), value)]
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), value)]
     seen: set[int] = set()
     while stack:
         keys, v = stack.pop()

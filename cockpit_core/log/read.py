@@ -109,6 +109,7 @@ def decode_record(
     problem = check_record(record)
     if problem is not None:
         raise LogFormatError(problem)
+    assert isinstance(record, dict)  # check_record checked it
     return record
 
 

@@ -91,7 +91,7 @@ def _is_hist_1d(value: Mapping[str, Any]) -> bool:
     counts, edges = value.get("hist"), value.get("edges")
     if counts is None or edges is None or np.ndim(counts) != 1 or np.ndim(edges) != 1:
         return False
-    return np.shape(edges)[0] == np.shape(counts)[0] + 1
+    return bool(np.shape(edges)[0] == np.shape(counts)[0] + 1)
 
 
 class TagMap:

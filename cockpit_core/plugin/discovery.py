@@ -87,7 +87,8 @@ class PluginInfo:
         """``info.quantities`` and the like: the names registered of that sort."""
         if sort.startswith("_") or sort in ("name", "registered"):
             raise AttributeError(sort)
-        return self.__dict__.get("registered", {}).get(sort, [])
+        registered: dict[str, list[str]] = self.__dict__.get("registered", {})
+        return registered.get(sort, [])
 
     @property
     def ok(self) -> bool:

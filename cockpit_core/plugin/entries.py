@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
+from pydantic import BaseModel
+
 from cockpit_core.diagnosis import Diagnosis
 from cockpit_core.errors import ConfigError
 from cockpit_core.plugin.name_table import check_named_class
@@ -106,7 +108,7 @@ class SinkEntry:
             if message is not None:
                 errors.append((f"{prefix}.{key}", message))
         try:
-            validated = validate_config(self.config, options, prefix=prefix)
+            validated: BaseModel = validate_config(self.config, options, prefix=prefix)
         except ConfigError as err:
             flagged = {path for path, _ in errors}
             valid = ", ".join(fields) or "none"

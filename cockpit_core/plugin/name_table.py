@@ -12,7 +12,7 @@ is meant. Tables the core walks itself (providers, kinds, instruments) keep the 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import ItemsView, Iterator, KeysView, ValuesView
 from typing import Any, Generic, TypeVar
 
 from cockpit_core.errors import DuplicateNameError
@@ -130,15 +130,15 @@ class NameTable(Generic[T]):
         """The entry of ``name`` or ``default`` (no clash check)."""
         return self._entries.get(name, default)
 
-    def keys(self):  # noqa: ANN201 - a dict view
+    def keys(self) -> KeysView[str]:
         """Names in registration order."""
         return self._entries.keys()
 
-    def values(self):  # noqa: ANN201
+    def values(self) -> ValuesView[T]:
         """Entries in registration order."""
         return self._entries.values()
 
-    def items(self):  # noqa: ANN201
+    def items(self) -> ItemsView[str, T]:
         """``(name, entry)`` in registration order."""
         return self._entries.items()
 

@@ -19,6 +19,7 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
+from cockpit_core import hookspecs
 from cockpit_core.errors import (
     CockpitWarning,
     DuplicateNameError,
@@ -88,7 +89,7 @@ class Registry:
             )
 
     @classmethod
-    def from_entry_points(cls, group: str = _plugins.hookspecs.PROJECT_NAME) -> Registry:
+    def from_entry_points(cls, group: str = hookspecs.PROJECT_NAME) -> Registry:
         """Discover and load every installed plugin of the entry-point ``group``."""
         pm, infos = _plugins.discover(group)
         registry = cls(plugin_manager=pm)

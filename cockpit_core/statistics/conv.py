@@ -19,8 +19,7 @@ strided patches, a block of samples at a time. Only ungrouped convolutions are c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -150,7 +149,7 @@ def _padded(module: _Conv, inputs: Tensor) -> Tensor:
     return inputs
 
 
-def _prod(values) -> int:
+def _prod(values: Iterable[int]) -> int:
     out = 1
     for v in values:
         out *= int(v)
@@ -200,8 +199,8 @@ class ConvGrads(per_sample.PerSampleGrads):
 
     closed_forms = frozenset({"dot"})
 
-    def __init__(self, factors: Any):
-        self.factors = factors
+    def __init__(self, factors: ConvWeightFactors):
+        self.factors: ConvWeightFactors | None = factors  # None once the gradients are formed
         self._grads: per_sample.DenseGrads | None = None
         self._blocks: list[Tensor] | None = None
         self._batch = int(factors.grad_outputs.shape[0])
@@ -210,10 +209,15 @@ class ConvGrads(per_sample.PerSampleGrads):
     def batch_size(self) -> int:  # noqa: D102
         return self._batch
 
+    def _factors(self) -> ConvWeightFactors:
+        # freed only once the gradients are formed or kept, after which nothing asks for them
+        assert self.factors is not None
+        return self.factors
+
     def _materialized(self) -> per_sample.DenseGrads:
         if self._grads is None:
             kept, self._blocks = self._blocks, None
-            whole = torch.cat(kept) if kept else self.factors.materialize()
+            whole = torch.cat(kept) if kept else self._factors().materialize()
             self._grads = per_sample.DenseGrads(whole)
             self.factors = None  # not needed any more: frees the scaled output gradient
         return self._grads
@@ -243,10 +247,10 @@ class ConvGrads(per_sample.PerSampleGrads):
         if self._blocks is not None:
             yield from self._blocks
             return
-        size = self._block_size(max_bytes, self.factors.sample_bytes())
+        size = self._block_size(max_bytes, self._factors().sample_bytes())
         kept = []
         for start in range(0, max(self._batch, 1), size):
-            block = self.factors.materialize(start, start + size)
+            block = self._factors().materialize(start, start + size)
             if keep:
                 kept.append(block)
             yield block
@@ -259,7 +263,7 @@ class ConvGrads(per_sample.PerSampleGrads):
             return self._grads.mean()
         if self._blocks is not None:
             return torch.stack([block.sum(0) for block in self._blocks]).sum(0) / self._batch
-        return self.factors.summed() / self._batch
+        return self._factors().summed() / self._batch
 
     def dot(self, vectors: Tensor) -> Tensor:
         """``g_n . V_k``, ``[B, K]``: from the per-sample gradients if formed, else by convolution."""
@@ -267,4 +271,4 @@ class ConvGrads(per_sample.PerSampleGrads):
             return self._grads.dot(vectors)
         if self._blocks is not None:
             return torch.cat([per_sample.DenseGrads(block).dot(vectors) for block in self._blocks])
-        return self.factors.dot(vectors, per_sample.BLOCK_BYTES)
+        return self._factors().dot(vectors, per_sample.BLOCK_BYTES)

@@ -145,7 +145,7 @@ class FuncProvider(StatisticProvider):
                 self._backing[provider] = self._backing.get(provider, frozenset()) | indices
         self._rearm()
 
-    def suspended(self) -> contextlib.AbstractContextManager:
+    def suspended(self) -> contextlib.AbstractContextManager[None]:
         """Record no forward pass inside (another provider runs its own pass on the model)."""
         return self.recorder.paused()
 
@@ -205,6 +205,8 @@ class FuncProvider(StatisticProvider):
             return
         autocast = record.autocast if record is not None else None
         off = self._check_means(collection, indices, buffers.pop("sum"), autocast, record)
+        # per parameter, its per-sample gradients (None once delivered: freed)
+        fulls: list[Tensor | None] = list(buffers.pop("full", []))
         if off:
             worst = max(off, key=lambda i: off[i][0] / off[i][1])
             names = [self.names[i] for i in off]
@@ -219,7 +221,7 @@ class FuncProvider(StatisticProvider):
             for stat in wanted:
                 if stat.kind in _CHUNKED:
                     collection.store(stat, i, buffers[stat.kind][k])
-            full = buffers["full"][k] if "full" in buffers else None
+            full = fulls[k] if fulls else None
             if full is not None:
                 rest = [s for s in wanted if s.kind not in _CHUNKED]
                 sub = Collection(
@@ -231,7 +233,7 @@ class FuncProvider(StatisticProvider):
                         collection.store(stat, i, sub.results[stat.identity][i])
                     elif stat.identity in sub.missing:
                         collection.fail(stat, sub.missing[stat.identity])
-                buffers["full"][k] = None  # free this parameter's per-sample gradients
+                fulls[k] = None  # free this parameter's per-sample gradients
 
     def _check_ready(self, collection: Collection) -> None:
         if self.model is None or self.loss_fn is None:
@@ -322,7 +324,7 @@ class FuncProvider(StatisticProvider):
         inputs: Any,
         targets: Any,
         draws: Sequence[Draw] = (),
-    ) -> dict[str, list]:
+    ) -> dict[str, list[Tensor]]:
         """Run the vectorized per-sample gradients chunk by chunk and reduce every chunk.
 
         ``draws``: the random calls of the user's forward pass, replayed per sample. The
@@ -352,15 +354,17 @@ class FuncProvider(StatisticProvider):
             else:
                 out = functional_call(model, {**theta, **const}, args, kwargs)
             if y is None:
-                return loss_fn(out).sum()
-            y1 = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) else t, y)
-            return loss_fn(out, y1).sum()
+                loss: Tensor = loss_fn(out)  # the user's loss function
+            else:
+                y1 = tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) else t, y)
+                loss = loss_fn(out, y1)
+            return loss.sum()
 
         in_dims = (None, 0, None if targets is None else 0, 0)
         # a random call that was not recorded must not draw new numbers: it raises instead
         per_sample = vmap(grad(sample_loss), in_dims=in_dims, randomness="error")
         params = [self.params[i] for i in indices]
-        out: dict[str, list] = {
+        out: dict[str, list[Tensor]] = {
             "sum": [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
         }
         if "batch_l2" in kinds:
@@ -393,7 +397,7 @@ class FuncProvider(StatisticProvider):
         return out
 
 
-def as_call(x: Any) -> tuple[tuple, dict]:
+def as_call(x: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` to call a model with its inputs ``x`` (a tensor, tuple/list or dict)."""
     if isinstance(x, dict):
         return (), x

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 import torch
@@ -286,7 +286,7 @@ class StepCollection:
         ``backward``, costs only its statistics.
         """
         provider = self.router.providers[name]
-        ctx: contextlib.AbstractContextManager | None = None
+        ctx: contextlib.AbstractContextManager[None] | None = None
         try:
             ctx = provider.collect(col)
             ctx.__enter__()
@@ -321,7 +321,7 @@ class StepCollection:
                         stack.enter_context(provider.suspended())
             yield
 
-    def _lacking(self, stat: Statistic, indices) -> list[int]:
+    def _lacking(self, stat: Statistic, indices: Iterable[int]) -> list[int]:
         row, params = self.results[stat.identity], self.router.params
         return [i for i in sorted(indices) if row[i] is None and params[i].grad is not None]
 

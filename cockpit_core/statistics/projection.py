@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from cockpit_core.statistics.per_sample import PerSampleGrads
+from cockpit_core.statistics.statistic import Statistic
 
 
 class DeferredConcat:
@@ -35,14 +36,16 @@ Deferred = (PerSampleGrads, DeferredConcat)
 """The deferred forms a provider or the accumulation leaves for the core to project."""
 
 
-def directions(stat: Any, grad: Tensor, param: Tensor) -> Tensor:
+def directions(stat: Statistic, grad: Tensor, param: Tensor) -> Tensor:
     """The ``[K, *shape]`` directions of a projection statistic (``[1, *shape]``: ``g``)."""
     if stat.fn is None:
         return grad.unsqueeze(0)
     return stat.fn(grad, param.detach())
 
 
-def project(stat: Any, value: Any, grad: Tensor, param: Tensor) -> Tensor:
+def project(
+    stat: Statistic, value: PerSampleGrads | DeferredConcat, grad: Tensor, param: Tensor
+) -> Tensor:
     """One parameter's projections: ``[B]`` for ``BATCH_PROJECTION``, ``[B, K]`` otherwise."""
     out = value.dot(directions(stat, grad, param))
     return (out[:, 0] if stat.fn is None else out).detach()

@@ -296,7 +296,7 @@ class StatisticProvider:
         """Whether the last forward pass was observed for ``indices`` (see :meth:`arm`)."""
         return True
 
-    def suspended(self) -> contextlib.AbstractContextManager:
+    def suspended(self) -> contextlib.AbstractContextManager[None]:
         """A context in which the provider ignores forward and backward passes.
 
         Entered while a provider that ``recomputes`` runs its own pass on the model

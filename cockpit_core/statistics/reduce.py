@@ -29,6 +29,7 @@ from torch import Tensor
 from cockpit_core.statistics.combine import combine
 from cockpit_core.statistics.per_sample import DenseGrads, PerSampleGrads
 from cockpit_core.statistics.projection import project
+from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
 
@@ -133,8 +134,9 @@ def _elementwise(
             values[stat.identity] = value
 
 
-def _fn(stat: Any, grads: PerSampleGrads, theta: Tensor) -> Tensor:
+def _fn(stat: Statistic, grads: PerSampleGrads, theta: Tensor) -> Tensor:
     """A transform's ``fn`` on materialized per-sample gradients."""
+    assert stat.fn is not None  # only transforms come here, and a transform has an fn
     return stat.fn(grads.materialize(), theta)
 
 

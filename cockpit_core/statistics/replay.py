@@ -160,7 +160,7 @@ class ForwardRecord:
     """
 
     batch: int | None
-    inputs: list[weakref.ref] = field(default_factory=list)
+    inputs: list[weakref.ref[Tensor]] = field(default_factory=list)
     captured: bool = False
     draws: list[Draw] = field(default_factory=list)
     stray: bool = False
@@ -249,6 +249,9 @@ def _unique(gens: Sequence[torch.Generator | None]) -> list[torch.Generator]:
 
 # -- the random calls the modes handle ----------------------------------------------------
 
+# scaled_dot_product_attention's (query, key, value, attn_mask, is_causal, scale, enable_gqa)
+_AttentionArgs = tuple[Tensor, Tensor, Tensor, Tensor | None, bool, float | None, bool]
+
 
 @dataclass
 class _Call:
@@ -261,10 +264,12 @@ class _Call:
     apply: Callable[[Tensor], Tensor]  # the call's result for a mask multiplier
     redraw: Callable[[torch.dtype], Tensor]  # the same draw on ones: the mask multiplier
     device: torch.device
-    attention: tuple | None = None  # (q, k, v, attn_mask, is_causal, scale, enable_gqa)
+    attention: _AttentionArgs | None = None
 
 
-def _bind(names: Sequence[str], defaults: Sequence[Any], args: tuple, kwargs: dict) -> list[Any]:
+def _bind(
+    names: Sequence[str], defaults: Sequence[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any]:
     """The values of ``names`` in a call ``(*args, **kwargs)``, with their defaults."""
     rest = zip(names[len(args) :], defaults[len(args) :])
     return list(args) + [kwargs.get(n, d) for n, d in rest]
@@ -278,7 +283,7 @@ def _lookup(table: dict[Any, Any], func: Any) -> Any:
         return None
 
 
-def _random_call(func: Any, args: tuple, kwargs: dict) -> _Call | None:
+def _random_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call | None:
     """``func(*args, **kwargs)`` as a :class:`_Call` if it is a dropout that draws, else ``None``."""
     if func in _FUNCTIONAL_DROPOUTS:
         x, p, training, inplace = _bind(
@@ -404,7 +409,13 @@ class RecordingMode(TorchFunctionMode):
         self.generators = list(generators)
         self.last = _states(self.generators)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+    def __torch_function__(  # noqa: D105
+        self,
+        func: Callable[..., Any],
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func in _DESCEND:
             with self:
@@ -425,7 +436,7 @@ class RecordingMode(TorchFunctionMode):
             return func(*args, **kwargs)
         return self._record(call, func, args, kwargs)
 
-    def _record(self, call: _Call, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _record(self, call: _Call, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         gen = generator(call.device)
         if gen is not None and all(gen is not g for g in self.generators):
             self.generators.append(gen)
@@ -517,7 +528,13 @@ class ReplayMode(TorchFunctionMode):
         self.draws, self.masks = list(draws), list(masks)
         self.count = 0
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+    def __torch_function__(  # noqa: D105
+        self,
+        func: Callable[..., Any],
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func in _DESCEND:
             with self:
@@ -596,7 +613,10 @@ class ForwardRecorder:
         self._when: Callable[[], bool] | None = None
         self._paused = 0
         self._depth = 0  # calls of the model inside its own forward pass
-        self._active: tuple[ForwardRecord, RecordingMode | None, list, list] | None = None
+        # (record, recording mode, generators, their states at the start when not recording)
+        self._active: (
+            tuple[ForwardRecord, RecordingMode | None, list[torch.Generator], list[Tensor]] | None
+        ) = None
 
     # -- state ----------------------------------------------------------------------------
 
@@ -673,7 +693,9 @@ class ForwardRecorder:
 
     # -- the hooks ------------------------------------------------------------------------
 
-    def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def _before(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         if self._active is not None:
             self._depth += 1
             return
@@ -695,10 +717,16 @@ class ForwardRecorder:
         if capture:
             record.captured = True
             mode = RecordingMode(record, gens)
-            mode.__enter__()
+            mode.__enter__()  # type: ignore[no-untyped-call]  # unannotated in torch
         self._active = (record, mode, gens, _states(gens) if mode is None else [])
 
-    def _after(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _after(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> None:
         if self._active is None:
             return
         if self._depth:
@@ -707,7 +735,7 @@ class ForwardRecorder:
         record, mode, gens, start = self._active
         self._active = None
         if mode is not None:
-            mode.__exit__(None, None, None)
+            mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as __enter__
             mode.finish()
         elif not _same(_states(gens), start):
             record.stray = True

@@ -385,7 +385,9 @@ class StatisticsRouter:
         )
         return step.run(eager)
 
-    def require_model(self, stats: Sequence[Statistic], unrouted: dict[Identity, list[int]]):
+    def require_model(
+        self, stats: Sequence[Statistic], unrouted: dict[Identity, list[int]]
+    ) -> None:
         """Raise :class:`MisuseError` if a statistic is unrouted only for lack of a model."""
         if self.model is not None or not unrouted:
             return
@@ -401,7 +403,7 @@ class StatisticsRouter:
     def unrouted_message(self, stat: Statistic, indices: list[int]) -> str:
         """Why no provider serves ``stat`` for the parameters ``indices`` (grouped by reason)."""
         kind = requested_kind(stat)
-        groups: dict[tuple, list[str]] = {}
+        groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
         for i in indices:
             groups.setdefault(self.reasons(kind, i), []).append(self.slots[i].name)
         text = []

@@ -11,7 +11,8 @@ def test_my_quantity_follows_the_protocol():
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from cockpit_core.quantity import Quantity, check_quantity_class
 from cockpit_core.schedules import ExplicitSteps
 from cockpit_core.testing.problems import Problem, tiny_mlp
 from cockpit_core.testing.runner import run_cockpit
+
+if TYPE_CHECKING:
+    from cockpit_core.context import StepContext
 
 
 class ConformanceError(AssertionError):
@@ -93,13 +97,13 @@ def _check_config(cls: type[Quantity], options: dict[str, Any]) -> None:
 def _check_schema(cls: type[Quantity]) -> None:
     registry = Registry()
     module = type("_Plugin", (), {})()
-    from cockpit_core.hookspecs import hookimpl
+    from cockpit_core.hookspecs import RegisterQuantity, hookimpl
 
     @hookimpl
-    def register_quantities(register):
+    def register_quantities(register: RegisterQuantity) -> None:
         register(cls)
 
-    module.register_quantities = register_quantities  # type: ignore[attr-defined]
+    module.register_quantities = register_quantities
     info = registry.add_plugin(module, name=f"conformance-{cls.name}")
     if not info.ok:
         raise ConformanceError(f"registering {cls.__name__} failed: {info.error}")
@@ -187,7 +191,12 @@ def _spy(quantity: Quantity, calls: list[tuple[str, int]]) -> None:
         if original is None:
             continue
 
-        def wrapped(ctx, *args, _original=original, _method=method):
+        def wrapped(
+            ctx: StepContext,
+            *args: Any,
+            _original: Callable[..., Any] = original,
+            _method: str = method,
+        ) -> Any:
             calls.append((_method, ctx.step))
             return _original(ctx, *args)
 
@@ -207,4 +216,4 @@ def _equal(a: Any, b: Any) -> bool:
         )
     if isinstance(a, float) and math.isnan(a):
         return isinstance(b, float) and math.isnan(b)
-    return a == b
+    return bool(a == b)

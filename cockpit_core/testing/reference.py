@@ -69,7 +69,8 @@ def explicit_hessian(
         out = functional_call(model, params, (x,))
         return problem.individual_losses(out, y).mean()
 
-    return torch.autograd.functional.hessian(loss_of, theta)
+    hessian: torch.Tensor = torch.autograd.functional.hessian(loss_of, theta)
+    return hessian
 
 
 def split_like(vec: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -105,7 +106,9 @@ def explicit_ggn(
         jac = torch.stack(rows)  # [C, D]
         target = y[n : n + 1]
 
-        def loss_of(f: torch.Tensor, shape=out.shape, target=target) -> torch.Tensor:
+        def loss_of(
+            f: torch.Tensor, shape: torch.Size = out.shape, target: torch.Tensor = target
+        ) -> torch.Tensor:
             return problem.individual_losses(f.reshape(shape), target).sum()
 
         loss_hessian = torch.autograd.functional.hessian(loss_of, entries.detach())

@@ -46,7 +46,8 @@ class TinyTransformer(torch.nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, classes]`` of token sequences ``[B, seq_len]``."""
         h = self.encoder(self.embed(tokens) + self.pos)
-        return self.head(h.mean(dim=1))
+        logits: torch.Tensor = self.head(h.mean(dim=1))
+        return logits
 
 
 def tiny_transformer(

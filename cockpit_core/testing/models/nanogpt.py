@@ -51,7 +51,8 @@ class CausalSelfAttention(nn.Module):
             is_causal=True,
         )
         y = y.transpose(1, 2).contiguous().view(b, t, c)
-        return self.resid_dropout(self.c_proj(y))
+        out: torch.Tensor = self.resid_dropout(self.c_proj(y))
+        return out
 
 
 class MLP(nn.Module):
@@ -65,7 +66,8 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        out: torch.Tensor = self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return out
 
 
 class Block(nn.Module):
@@ -80,7 +82,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        mlp: torch.Tensor = self.mlp(self.ln_2(x))
+        return x + mlp
 
 
 class NanoGPT(nn.Module):

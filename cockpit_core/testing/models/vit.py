@@ -58,4 +58,5 @@ class ViT(nn.Module):
         x = self.patch_embed(images).flatten(2).transpose(1, 2)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         x = self.blocks(x + self.pos_embed)
-        return self.head(self.norm(x)[:, 0])
+        logits: torch.Tensor = self.head(self.norm(x)[:, 0])
+        return logits

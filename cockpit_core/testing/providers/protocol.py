@@ -68,7 +68,8 @@ class _WithSpare(torch.nn.Module):
         self.spare = prepared(torch.nn.Linear(2, 2).double())
 
     def forward(self, x: Any) -> Tensor:  # noqa: D102
-        return self.net(x)
+        out: Tensor = self.net(x)
+        return out
 
 
 class _Wrapper(torch.nn.Module):
@@ -79,7 +80,8 @@ class _Wrapper(torch.nn.Module):
         self.inner = inner
 
     def forward(self, x: Any) -> Tensor:  # noqa: D102
-        return self.inner(x)
+        out: Tensor = self.inner(x)
+        return out
 
 
 def check_no_gradient(

@@ -126,7 +126,8 @@ def reference_statistic(
     own = stat.kind
     if not isinstance(own, StatisticKind) or own.from_per_sample is None:
         raise TypeError(f"no reference for {stat.describe()}: its kind has no from_per_sample.")
-    return own.from_per_sample(DenseGrads(grads), stat, param)  # a plugin's kind
+    value: Tensor = own.from_per_sample(DenseGrads(grads), stat, param)  # a plugin's kind
+    return value
 
 
 def relative_error(actual: Tensor, expected: Tensor) -> float:

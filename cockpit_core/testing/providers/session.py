@@ -176,7 +176,7 @@ class Session:
             self.forward_model = wrap(self.model)
             self.cp.attach(self.forward_model, problem.individual_losses)
         self.snapshots: dict[int, Snapshot] = {}
-        self._pending: tuple[int, Tensor, Tensor, Tensor, Tensor, dict] | None = None
+        self._pending: tuple[int, Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]] | None = None
 
     def forward(self, step: int) -> None:
         """Forward pass of ``step``."""

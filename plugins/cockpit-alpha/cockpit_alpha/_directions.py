@@ -30,12 +30,12 @@ def _f(value: Any) -> float:
     return float(value.item() if isinstance(value, Tensor) else value)
 
 
-def _state(state: dict, key: str, like: Tensor) -> Tensor:
+def _state(state: dict[str, Any], key: str, like: Tensor) -> Tensor:
     value = state.get(key)
     return torch.zeros_like(like) if value is None else value.detach().to(like)
 
 
-def sgd_update(group: dict, state: dict, theta: Tensor, grad: Tensor) -> Tensor:
+def sgd_update(group: dict[str, Any], state: dict[str, Any], theta: Tensor, grad: Tensor) -> Tensor:
     """Update of ``torch.optim.SGD``."""
     d = -grad if group.get("maximize", False) else grad
     wd = _f(group.get("weight_decay", 0.0))
@@ -52,7 +52,9 @@ def sgd_update(group: dict, state: dict, theta: Tensor, grad: Tensor) -> Tensor:
     return -_f(group["lr"]) * d
 
 
-def adam_update(group: dict, state: dict, theta: Tensor, grad: Tensor, decoupled: bool) -> Tensor:
+def adam_update(
+    group: dict[str, Any], state: dict[str, Any], theta: Tensor, grad: Tensor, decoupled: bool
+) -> Tensor:
     """Update of ``torch.optim.Adam`` (``decoupled=True``: AdamW)."""
     lr, eps, wd = _f(group["lr"]), _f(group["eps"]), _f(group.get("weight_decay", 0.0))
     beta1, beta2 = (_f(b) for b in group["betas"])
@@ -65,13 +67,15 @@ def adam_update(group: dict, state: dict, theta: Tensor, grad: Tensor, decoupled
     if group.get("amsgrad", False):
         v = torch.maximum(_state(state, "max_exp_avg_sq", g), v)
     denom = v.sqrt() / math.sqrt(1 - beta2**step) + eps
-    update = -(lr / (1 - beta1**step)) * m / denom
+    update: Tensor = -(lr / (1 - beta1**step)) * m / denom
     if wd and decoupled:
         update = update - lr * wd * theta
     return update
 
 
-def rmsprop_update(group: dict, state: dict, theta: Tensor, grad: Tensor) -> Tensor:
+def rmsprop_update(
+    group: dict[str, Any], state: dict[str, Any], theta: Tensor, grad: Tensor
+) -> Tensor:
     """Update of ``torch.optim.RMSprop``."""
     lr, alpha, eps = _f(group["lr"]), _f(group["alpha"]), _f(group["eps"])
     g = -grad if group.get("maximize", False) else grad
@@ -118,7 +122,7 @@ class UpdatePredictor:
     def __init__(self, optimizer: Any):
         self.kind = optimizer_kind(optimizer)
         self._optimizer = weakref.ref(optimizer)
-        self._groups: dict[tuple[int, tuple[int, ...]], tuple[Tensor, dict]] = {}
+        self._groups: dict[tuple[int, tuple[int, ...]], tuple[Tensor, dict[str, Any]]] = {}
         if self.kind != "generic":
             for group in optimizer.param_groups:
                 for p in group["params"]:

@@ -186,6 +186,6 @@ def _solve(gram: Tensor, along: Tensor) -> Tensor:
     inverse = torch.where(keep, 1.0 / evals.where(keep, torch.ones_like(evals)), 0.0)
     rhs = (along * scale).unsqueeze(-1)
     c_unit = evecs @ (inverse.unsqueeze(-1) * (evecs.transpose(1, 2) @ rhs))
-    coeff = c_unit.squeeze(-1) * scale
+    coeff: Tensor = c_unit.squeeze(-1) * scale
     coeff[top.squeeze(1) <= 0] = 0.0
     return coeff

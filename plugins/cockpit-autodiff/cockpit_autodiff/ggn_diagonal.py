@@ -203,7 +203,8 @@ def ggn_diagonal(
 
     def per_sample(x_n: Tensor, noise_n: Tensor) -> dict[str, Tensor]:
         def output(p: dict[str, Tensor]) -> Tensor:
-            return functional_call(model, p, (x_n.unsqueeze(0),)).reshape(-1)
+            out: Tensor = functional_call(model, p, (x_n.unsqueeze(0),))
+            return out.reshape(-1)
 
         # without has_aux, vjp returns (output, pullback)
         f_n, vjp_fn = cast("tuple[Tensor, Callable[..., Any]]", vjp(output, params))

@@ -357,7 +357,7 @@ class AutodiffProvider(StatisticProvider):
 
             def mean_loss(theta: dict[str, Tensor]) -> Tensor:
                 out = functional_call(model, {**theta, **const}, args, kwargs)
-                losses = loss_fn(out) if targets is None else loss_fn(out, targets)
+                losses: Tensor = loss_fn(out) if targets is None else loss_fn(out, targets)
                 # per-sample losses [B]; an elementwise loss ([B, ...]) is averaged per sample
                 return losses.reshape(batch, -1).mean(1).sum() / batch
 

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -31,7 +31,12 @@ class GuardedExtension:
     cockpit_statistic: tuple[str, str] = ("", "")
     cockpit_dtype: torch.dtype = torch.float32
 
-    def __call__(self, module: torch.nn.Module, g_inp: tuple, g_out: tuple) -> None:
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        g_inp: tuple[torch.Tensor | None, ...],
+        g_out: tuple[torch.Tensor | None, ...],
+    ) -> None:
         """Run the extension on ``module`` unless it failed earlier in this pass."""
         if self.cockpit_failure is not None:
             return
@@ -123,11 +128,13 @@ def saved_io_as(extension: Any, module: torch.nn.Module, dtype: torch.dtype) -> 
             move(copy, None if name == "output" else originals[name])
 
 
-def _is_half(value: Any) -> bool:
+def _is_half(value: Any) -> TypeGuard[torch.Tensor]:
     return isinstance(value, torch.Tensor) and value.dtype in _HALF
 
 
-def _cast(grads: tuple, dtype: torch.dtype) -> tuple:
+def _cast(
+    grads: tuple[torch.Tensor | None, ...], dtype: torch.dtype
+) -> tuple[torch.Tensor | None, ...]:
     """Half-precision gradients in ``dtype`` (unless that is half precision as well)."""
     if dtype in _HALF:
         return grads

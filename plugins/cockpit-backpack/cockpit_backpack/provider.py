@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ from backpack.extensions.firstorder.base import FirstOrderModuleExtension
 from torch import Tensor
 
 from cockpit_backpack import hook_switch as hooks
-from cockpit_backpack.conv2d import DiagGGNConv2dFast, DiagHConv2dFast, UnfoldConv2d
+from cockpit_backpack.conv2d import DiagGGNConv2dFast, DiagHConv2dFast, UnfoldConv2d, layer_input
 from cockpit_backpack.guarded import guarded
 from cockpit_backpack.requests import describe, merge
 from cockpit_core.errors import CockpitWarning
@@ -73,7 +73,12 @@ class BackpackProvider(StatisticProvider):
         """BackPACK's ``extend`` (:func:`cockpit_backpack.extend`): its statistics start there."""
         return hooks.extend(module)
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], options=None):
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        options: Mapping[str, Any] | None = None,
+    ):
         super().__init__(params, names, options)
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._batch_grad = BatchGrad()
@@ -163,7 +168,7 @@ class BackpackProvider(StatisticProvider):
         """Whether the hooks are on, or the model has none that can be off (``backpack.extend``)."""
         return hooks.installed() or not hooks.switchable(self.model)
 
-    def suspended(self) -> contextlib.AbstractContextManager:
+    def suspended(self) -> contextlib.AbstractContextManager[None]:
         """Hide BackPACK's module hooks while another provider runs its own pass."""
         if self.model is None:
             return contextlib.nullcontext()
@@ -174,13 +179,15 @@ class BackpackProvider(StatisticProvider):
 
     # -- the step -----------------------------------------------------------------------
 
-    def _extensions(self, stats: Sequence[Statistic], loss_scale: float = 1.0) -> list:
+    def _extensions(
+        self, stats: Sequence[Statistic], loss_scale: float = 1.0
+    ) -> list[BackpropExtension]:
         """The BackPACK extensions that produce ``stats``.
 
         Under a GradScaler (``loss_scale != 1``) the Hessian diagonal also needs the exact
         GGN diagonal: see :func:`_unscaled_hessian_diagonal`.
         """
-        exts: list = []
+        exts: list[BackpropExtension] = []
         if loss_scale != 1.0 and any(s.kind == "diag_hessian" for s in stats):
             if not any(s.kind == "diag_ggn_exact" for s in stats):
                 stats = [*stats, Statistic("diag_ggn_exact")]
@@ -314,7 +321,9 @@ class BackpackProvider(StatisticProvider):
                 stacklevel=2,
             )
 
-    def _report_missing(self, collection: Collection, modules: dict[int, str], exts) -> None:
+    def _report_missing(
+        self, collection: Collection, modules: dict[int, str], exts: Sequence[BackpropExtension]
+    ) -> None:
         failures = {
             ext.cockpit_statistic: ext.cockpit_failure
             for ext in exts
@@ -400,16 +409,30 @@ class _LinearWeightFactors:
         self.inputs, self.grad_outputs = inputs, grad_outputs
 
 
-class _FactoredLinear(FirstOrderModuleExtension):
+class _FactoredLinear(FirstOrderModuleExtension):  # type: ignore[misc]  # BackPACK: untyped
     """BatchGrad for ``nn.Linear`` that keeps the factors instead of ``B x out x in`` tensors."""
 
     def __init__(self) -> None:
         super().__init__(params=["weight", "bias"])
 
-    def weight(self, ext, module, g_inp, g_out, bp_quantities):  # noqa: D102 - BackPACK API
-        return _LinearWeightFactors(module.input0.detach(), g_out[0].detach())
+    def weight(  # noqa: D102 - BackPACK API
+        self,
+        ext: BackpropExtension,
+        module: torch.nn.Linear,
+        g_inp: tuple[Tensor, ...],
+        g_out: tuple[Tensor, ...],
+        bp_quantities: object,
+    ) -> _LinearWeightFactors:
+        return _LinearWeightFactors(layer_input(module).detach(), g_out[0].detach())
 
-    def bias(self, ext, module, g_inp, g_out, bp_quantities):  # noqa: D102 - BackPACK API
+    def bias(  # noqa: D102 - BackPACK API
+        self,
+        ext: BackpropExtension,
+        module: torch.nn.Linear,
+        g_inp: tuple[Tensor, ...],
+        g_out: tuple[Tensor, ...],
+        bp_quantities: object,
+    ) -> Tensor:
         d = g_out[0].detach()
         return d if d.dim() == 2 else d.sum(dim=tuple(range(1, d.dim() - 1)))
 

@@ -1,5 +1,7 @@
 """Distance of the parameters from where tracking began."""
 
+from typing import Any
+
 from cockpit_basic._norms import norms
 from cockpit_core import Quantity, StepContext
 
@@ -13,7 +15,7 @@ class Distance(Quantity):
 
     name = "distance"
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": ..., "per_param": [...]}``; zero at the first tracked step."""
         start = ctx.cache.get("initial_params")
         if start is None:

@@ -1,5 +1,7 @@
 """L2 norm of the mini-batch gradient."""
 
+from typing import Any
+
 from cockpit_basic._norms import norms
 from cockpit_core import Quantity, StepContext
 
@@ -9,6 +11,6 @@ class GradNorm(Quantity):
 
     name = "grad_norm"
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": ||g||, "per_param": [||g_i||]}``."""
         return norms(ctx.grads)

@@ -10,6 +10,7 @@ from cockpit_basic import (
     UpdateSize,
 )
 from cockpit_core import hookimpl
+from cockpit_core.hookspecs import RegisterInstrument, RegisterPreset, RegisterQuantity
 
 COCKPIT_PROTOCOL_VERSION = 1
 
@@ -33,14 +34,14 @@ BASIC = ["loss", "grad_norm", "distance", "update_size", "parameters", "time"]
 
 
 @hookimpl
-def register_quantities(register):
+def register_quantities(register: RegisterQuantity) -> None:
     """Register the seven basic quantities."""
     for cls in (Loss, Parameters, Distance, UpdateSize, GradNorm, Time, OptimizerHparams):
         register(cls)
 
 
 @hookimpl
-def register_presets(register):
+def register_presets(register: RegisterPreset) -> None:
     """Register ``economy``, ``business``, ``full`` (Cockpit 1.0.2's, with optimizer_hparams) and ``basic``."""
     register(
         "economy",
@@ -54,7 +55,7 @@ def register_presets(register):
 
 
 @hookimpl
-def register_instruments(register):
+def register_instruments(register: RegisterInstrument) -> None:
     """Register the dashboard panels of the basic quantities."""
     from cockpit_basic.instruments import INSTRUMENTS
 

@@ -20,6 +20,6 @@ class UpdateSize(TwoStepQuantity):
         """Copy the parameters before the optimizer step."""
         return [p.detach().clone() for p in ctx.params]
 
-    def compute_end(self, ctx: StepContext, state: Any) -> dict:
+    def compute_end(self, ctx: StepContext, state: Any) -> dict[str, Any]:
         """Return ``{"total": ..., "per_param": [...]}`` of the parameter change."""
         return norms([p.detach() - p0 for p, p0 in zip(ctx.params, state)])

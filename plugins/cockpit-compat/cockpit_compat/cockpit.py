@@ -235,7 +235,7 @@ class Cockpit:
         """Same as :meth:`get_output`."""
         return self.get_output()
 
-    def write(self, logpath: str | os.PathLike) -> Path:
+    def write(self, logpath: str | os.PathLike[str]) -> Path:
         """Write :meth:`get_output` to ``logpath + ".json"``.
 
         The file has Cockpit 1.0.2's layout (``{"step": {ClassName: value}}``, numpy

@@ -18,9 +18,10 @@ from typing import Any
 
 from cockpit_dashboard import plan, render
 
-from cockpit_compat.cockpit import LOG_NAMES, METRICS_KEY
+from cockpit_compat.cockpit import LOG_NAMES
 from cockpit_compat.cockpit import Cockpit as CompatCockpit
 from cockpit_compat.quantities import LEGACY_CLASSES
+from cockpit_core.engine.metrics import METRICS_KEY
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.log import LogData, loads, read_run
 
@@ -57,7 +58,7 @@ class CockpitPlotter:
         show_plot: bool = True,
         block: bool = False,
         save_plot: bool = False,
-        savedir: str | os.PathLike | None = None,
+        savedir: str | os.PathLike[str] | None = None,
         savename: str = "cockpit",
         savename_append: str | None = None,
         savefig_kwargs: Mapping[str, Any] | None = None,
@@ -173,7 +174,7 @@ def _load(source: Any) -> tuple[LogData, Any]:
     return data, getattr(source, "registry", None)
 
 
-def read_legacy_log(path: str | os.PathLike) -> LogData:
+def read_legacy_log(path: str | os.PathLike[str]) -> LogData:
     """Read a log in Cockpit 1.0.2's layout into the native layout (for the dashboard).
 
     The file is decoded safely (no json-tricks object hooks): numeric numpy arrays are

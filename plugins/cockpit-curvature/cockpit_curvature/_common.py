@@ -121,7 +121,7 @@ def cached_start(ctx: StepContext, key: str, dim: int, enabled: bool) -> Tensor 
     """
     if not enabled:
         return None
-    vectors = ctx.cache.get(key)
+    vectors: Tensor | None = ctx.cache.get(key)
     if vectors is None or vectors.shape[-1] != dim:
         return None
     return vectors

@@ -86,7 +86,7 @@ def _error_bounds(theta: np.ndarray, res: np.ndarray, idx: np.ndarray, gap: str)
     ``delta_i = |theta_i - theta_j|`` at once: right when the start block already held
     approximations of the neighbouring eigenvectors.
     """
-    bounds = res[idx].astype(np.float64)
+    bounds: np.ndarray = res[idx].astype(np.float64)
     for n, i in enumerate(idx):
         others = np.delete(np.arange(len(theta)), i)
         if len(others) == 0:

@@ -129,7 +129,8 @@ def probe(dim: int, distribution: str, generator: torch.Generator | None) -> Ten
         return (2 * signs - 1) / math.sqrt(dim)
     if distribution == "gaussian":
         z = torch.randn(dim, generator=generator, dtype=torch.float64)
-        return z / z.norm()
+        unit: Tensor = z / z.norm()
+        return unit
     raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}.")
 
 

@@ -60,7 +60,7 @@ def _select(instruments: list[Instrument], names: Iterable[str]) -> list[Instrum
 
 def render(
     source: Any,
-    path: str | os.PathLike | None = None,
+    path: str | os.PathLike[str] | None = None,
     *,
     registry: Any = None,
     instruments: Iterable[Instrument] | None = None,
@@ -351,7 +351,7 @@ def _draw_panel(fig: Any, cell: Any, panel: Panel, data: LogData) -> Any:
     return ax
 
 
-def check_path(path: str | os.PathLike | None) -> str | None:
+def check_path(path: str | os.PathLike[str] | None) -> str | None:
     """The picture format of ``path`` (``None`` for no path); a ``ValueError`` if unknown."""
     if path is None:
         return None
@@ -365,7 +365,7 @@ def check_path(path: str | os.PathLike | None) -> str | None:
     return suffix
 
 
-def save(fig: Any, path: str | os.PathLike, dpi: int = 100, suffix: str | None = None) -> Path:
+def save(fig: Any, path: str | os.PathLike[str], dpi: int = 100, suffix: str | None = None) -> Path:
     """Save ``fig`` atomically: write a temporary file, then rename it over ``path``.
 
     A viewer watching the file (live mode) never sees a half-written picture.
@@ -377,7 +377,7 @@ def save(fig: Any, path: str | os.PathLike, dpi: int = 100, suffix: str | None =
     return path
 
 
-def plot(source: Any, path: str | os.PathLike | None = None, **kwargs: Any) -> Path | Any:
+def plot(source: Any, path: str | os.PathLike[str] | None = None, **kwargs: Any) -> Path | Any:
     """Render ``source`` (see :func:`render`); return ``path`` if given, else the figure."""
     fig = render(source, path, **kwargs)
     return Path(path) if path is not None else fig

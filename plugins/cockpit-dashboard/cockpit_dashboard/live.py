@@ -37,6 +37,9 @@ from cockpit_dashboard.layout import check_path, render
 CLOSE_TIMEOUT = 300.0
 """Seconds :meth:`LivePlot.close` waits for the renderer process's last picture."""
 
+_Message = tuple[list[dict[str, Any]], bool, bool]
+"""What the training process sends the renderer: ``(records, render, stop)``."""
+
 
 def can_render_in_background() -> bool:
     """Whether ``background=True`` uses a renderer process here (fork on Linux)."""
@@ -68,7 +71,7 @@ class LivePlot:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         every: int = 50,
         *,
         background: bool = False,
@@ -260,7 +263,7 @@ class _Renderer:
             pass
 
 
-def _drain(inbox: Any, pending: queue.Queue) -> None:
+def _drain(inbox: Any, pending: queue.Queue[_Message | None]) -> None:
     """Renderer thread: read the pipe at once, so the training process never waits on it."""
     try:
         while True:
@@ -278,7 +281,7 @@ def _render_loop(live: LivePlot, inbox: Any, replies: Any) -> None:
     live._renderer = None
     with contextlib.suppress(OSError, AttributeError):  # training first: it keeps its cores
         os.nice(10)
-    pending: queue.Queue = queue.Queue()
+    pending: queue.Queue[_Message | None] = queue.Queue()  # None: the training process ended
     threading.Thread(target=_drain, args=(inbox, pending), daemon=True).start()
     render, stop = True, False
     while True:

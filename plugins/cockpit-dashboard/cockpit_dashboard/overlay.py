@@ -57,8 +57,8 @@ def _secondary(axes: Any) -> bool:
 
 
 def _twin_of(other: Any, ax: Any) -> bool:
-    return other.get_shared_x_axes().joined(other, ax) or other.get_shared_y_axes().joined(
-        other, ax
+    return bool(
+        other.get_shared_x_axes().joined(other, ax) or other.get_shared_y_axes().joined(other, ax)
     )
 
 
@@ -116,7 +116,11 @@ def draw_overlay(
 
 
 def _drop_new(
-    fig: Any, ax: Any, axes_before: list[Any], children_before: list[Any], before: dict
+    fig: Any,
+    ax: Any,
+    axes_before: list[Any],
+    children_before: list[Any],
+    before: dict[Any, set[Any]],
 ) -> None:
     """Remove the axes, child axes and artists added since the snapshot."""
     for extra in list(fig.axes):
@@ -133,7 +137,7 @@ def _drop_new(
         ax.get_legend().remove()
 
 
-def _signature(artist: Any) -> tuple | None:
+def _signature(artist: Any) -> tuple[object, ...] | None:
     """What makes two lines or texts the same drawing (``None``: never shared)."""
     from matplotlib.lines import Line2D
     from matplotlib.text import Text

@@ -312,7 +312,8 @@ def run_compare_lr(
 def _plot(cp: Cockpit, path: Path, title: str) -> Path | None:
     """Write the dashboard picture; a plotting failure never loses the trained run."""
     try:
-        return cp.plot(path, title=title)
+        written: Path = cp.plot(path, title=title)  # the picture renderer's path
+        return written
     except Exception as err:  # pragma: no cover - reported, the log is still there
         print(
             f"Could not draw the dashboard ({type(err).__name__}: {err}); the log is complete:"

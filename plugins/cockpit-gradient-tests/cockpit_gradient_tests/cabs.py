@@ -65,7 +65,7 @@ class CABS(Quantity):
         info = frozenset({"loss"} if self.config.lr is not None else {"loss", "optimizer"})
         return Requirements(statistics=(SUM_GRAD_SQUARED,), info=info)
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of the suggested batch size."""
         _, _, var = elementwise_variances(ctx, self.key, unbiased=False)
         trace = torch.stack([v.sum() for v in var])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cockpit_core import BATCH_L2, BATCH_PROJECTION, Quantity, Requirements, StepContext, layered
@@ -31,7 +33,7 @@ class InnerTest(Quantity):
     name = "inner_test"
     REQUIREMENTS = Requirements(statistics=(BATCH_PROJECTION, BATCH_L2))
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of ``theta_max``."""
         batch_size, proj, _, grad_sq = gram_reductions(ctx, self.key)
         return layered(

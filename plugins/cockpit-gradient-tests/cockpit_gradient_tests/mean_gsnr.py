@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field
 
@@ -43,7 +45,7 @@ class MeanGSNR(Quantity):
     config: MeanGSNRConfig
     REQUIREMENTS = Requirements(statistics=(SUM_GRAD_SQUARED,))
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of the mean GSNR."""
         _, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=False)
         gsnr = [g2 / (v + self.config.epsilon) for g2, v in zip(grad_sq, var)]

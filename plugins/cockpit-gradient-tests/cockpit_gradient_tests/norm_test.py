@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cockpit_core import BATCH_L2, Quantity, Requirements, StepContext, layered
@@ -36,7 +38,7 @@ class NormTest(Quantity):
     name = "norm_test"
     REQUIREMENTS = Requirements(statistics=(BATCH_L2,))
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of ``theta_max``."""
         batch_l2 = stat64(ctx, BATCH_L2)
         batch_size = samples_in(batch_l2, ctx)

@@ -159,7 +159,13 @@ class BroadcastMode(TorchFunctionMode):
         """Forget every tracked tensor (the forward pass ended)."""
         self._tracked = {}
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+    def __torch_function__(  # noqa: D105
+        self,
+        func: Callable[..., Any],
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if not self._tracked:
             return func(*args, **kwargs)
@@ -184,7 +190,7 @@ class BroadcastMode(TorchFunctionMode):
                 hit.origin.other_uses.append(_name(func))
         return out
 
-    def _elementwise(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _elementwise(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Expand every tracked operand that the operation broadcasts over the batch."""
         tensors = _tensors(args, kwargs)
         if not any(id(a) in self._tracked for a in tensors):
@@ -210,7 +216,9 @@ class BroadcastMode(TorchFunctionMode):
                 self._tracked[id(a)].origin.other_uses.append(f"{_name(func)}({key}=...)")
         return func(*new_args, **kwargs)
 
-    def _functional(self, func: Any, call: FunctionalCall, args: tuple, kwargs: dict) -> Any:
+    def _functional(
+        self, func: Any, call: FunctionalCall, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """A supported functional: its tracked parameters go to :attr:`on_functional`."""
         roles = {
             role: hit.origin
@@ -275,7 +283,7 @@ def _batch_broadcast(shape: torch.Size, result: torch.Size, batch_size: int) -> 
     return len(shape) < len(result) or shape[0] == 1
 
 
-def _tensors(args: tuple, kwargs: dict) -> list[Tensor]:
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
     """The tensors among a call's arguments, and inside list or tuple arguments (``cat``)."""
     out = []
     for a in (*args, *kwargs.values()):

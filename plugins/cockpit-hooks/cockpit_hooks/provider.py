@@ -28,7 +28,7 @@ it), never silently wrong.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -74,7 +74,12 @@ class HooksProvider(StatisticProvider):
     per_sample = True
     observes_forward = True
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], names: Sequence[str], options=None):
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        names: Sequence[str],
+        options: Mapping[str, Any] | None = None,
+    ):
         super().__init__(params, names, options)
         self._servings = Servings()
         self._module_names: dict[torch.nn.Module, str] = {}
@@ -170,7 +175,7 @@ class HooksProvider(StatisticProvider):
     def armed(self, indices: frozenset[int]) -> bool:  # noqa: D102
         return all(i in self._armed for i in indices if self._servings.serves(i))
 
-    def suspended(self) -> contextlib.AbstractContextManager:
+    def suspended(self) -> contextlib.AbstractContextManager[None]:
         """Ignore forward and backward passes (another provider runs its own)."""
         return _flag(self)
 
@@ -180,7 +185,9 @@ class HooksProvider(StatisticProvider):
     def _observing(self) -> bool:
         return not self._suspended and torch.is_grad_enabled()
 
-    def _enter_root(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def _enter_root(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """The model's forward begins: capture broadcasts into its batch."""
         mode = None
         batch = _batch_of(args, kwargs)
@@ -192,21 +199,24 @@ class HooksProvider(StatisticProvider):
                     origin = Origin(self.params[i].shape, receive, key=i)
                     self._origins.setdefault(i, []).append(origin)
                     mode.track(self.params[i], origin)
-            mode.__enter__()
+            mode.__enter__()  # type: ignore[no-untyped-call]  # unannotated in torch
         self._modes.append(mode)
 
-    def _leave_root(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+    def _leave_root(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         mode = self._modes.pop() if self._modes else None
         if mode is not None:
-            mode.__exit__(None, None, None)
+            mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as __enter__
             mode.release()
 
     def _hook(self, module: torch.nn.Module) -> list[Any]:
         rule = self._servings.rule_of(module)
         assert rule is not None
-        if rule.intercepts is None:
+        intercepts = rule.intercepts
+        if intercepts is None:
 
-            def on_forward(mod, args, kwargs, output):
+            def on_forward(
+                mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+            ) -> None:
                 if not self._observing():
                     return
                 try:
@@ -218,28 +228,33 @@ class HooksProvider(StatisticProvider):
                     self._record(rule, mod, use)
 
             return [module.register_forward_hook(on_forward, with_kwargs=True)]
-        modes: list[Any] = []
+        modes: list[Intercept | None] = []
 
-        def enter(mod, args):
+        def enter(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
             mode = None
             if self._observing():
-                mode = Intercept(
-                    rule.intercepts, lambda f, a, k: self._intercept(rule, mod, f, a, k)
-                )
-                mode.__enter__()
+                mode = Intercept(intercepts, lambda f, a, k: self._intercept(rule, mod, f, a, k))
+                mode.__enter__()  # type: ignore[no-untyped-call]  # unannotated in torch
             modes.append(mode)
 
-        def leave(mod, args, output):
+        def leave(mod: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
             mode = modes.pop() if modes else None
             if mode is not None:
-                mode.__exit__(None, None, None)
+                mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as __enter__
 
         return [
             module.register_forward_pre_hook(enter),
             module.register_forward_hook(leave, always_call=True),
         ]
 
-    def _intercept(self, rule: Rule, module: torch.nn.Module, func, args, kwargs) -> Any:
+    def _intercept(
+        self,
+        rule: Rule,
+        module: torch.nn.Module,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         """The rule computes the functional; its uses count only if it ran to the end."""
         uses: list[Use] = []
         try:
@@ -591,7 +606,7 @@ def _direct_use_message(module: torch.nn.Module, attr: str, uses: list[str]) -> 
     )
 
 
-def _batch_of(args: tuple, kwargs: dict) -> int | None:
+def _batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The batch size of a forward call: dimension 0 of its first tensor argument."""
     for t in tree_flatten((args, kwargs))[0]:
         if isinstance(t, Tensor) and t.dim() > 0:

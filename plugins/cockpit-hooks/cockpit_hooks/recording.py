@@ -145,11 +145,21 @@ class Intercept(TorchFunctionMode):
     calls run normally.
     """
 
-    def __init__(self, func: Callable, handler: Callable):
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        handler: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+    ):
         super().__init__()
         self.func, self.handler = func, handler
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+    def __torch_function__(  # noqa: D105
+        self,
+        func: Callable[..., Any],
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func is self.func:
             return self.handler(func, args, kwargs)

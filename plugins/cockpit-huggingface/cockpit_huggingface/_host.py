@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -349,7 +349,7 @@ class _Unscaled:
 
 
 @contextlib.contextmanager
-def _backward_wrapped(accelerator: Any, wrapper: Callable[..., Any]):
+def _backward_wrapped(accelerator: Any, wrapper: Callable[..., Any]) -> Iterator[None]:
     """``accelerator.backward`` goes through ``wrapper(original, loss, **kwargs)`` meanwhile."""
     own = accelerator.__dict__.get("backward")
     accelerator.backward = functools.partial(wrapper, accelerator.backward)

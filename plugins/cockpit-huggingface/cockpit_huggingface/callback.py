@@ -202,7 +202,7 @@ class CockpitCallback(TrainerCallback):
             ScalarReporter(emit, self.prefix, self.per_param, self.per_param_max).follow(cp)
         self._headline = None
         if self.console:
-            tags = None if self.console is True else list(self.console)  # type: ignore[arg-type]
+            tags = None if self.console is True else list(self.console)
             self._headline = Headline(tags).follow(cp)
         self._host.start(model)
 
@@ -246,7 +246,12 @@ class CockpitCallback(TrainerCallback):
             torch.save(cp.state_dict(), folder / STATE_FILE)
 
     def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         """After the Trainer's own training log: the console line of cockpit's newest values."""
         if self._headline is None or not logs or "loss" not in logs:
@@ -317,7 +322,9 @@ class CockpitTrainer(CockpitMixin, Trainer):
 
     """
 
-    def __init__(self, *args: Any, cockpit: Cockpit, cockpit_info: InfoFn | None = None, **kwargs):
+    def __init__(
+        self, *args: Any, cockpit: Cockpit, cockpit_info: InfoFn | None = None, **kwargs: Any
+    ):
         warnings.warn(
             "CockpitTrainer is deprecated: use Trainer(..., callbacks=[CockpitCallback(cockpit)]) "
             "(or CockpitCallback(quantities=...)), from cockpit_huggingface; "

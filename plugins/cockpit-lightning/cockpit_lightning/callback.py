@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from torch.optim import Optimizer
 
 try:
     from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+    from lightning.pytorch.utilities import rank_zero_warn
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
         "cockpit_lightning needs PyTorch Lightning: "
@@ -349,7 +350,7 @@ class CockpitCallback(Callback):
     # -- helpers ------------------------------------------------------------------------
 
     def _build(
-        self, pl_module: Any, optimizers: list, automatic: bool
+        self, pl_module: Any, optimizers: list[Optimizer], automatic: bool
     ) -> dict[int | None, Cockpit]:
         """One Cockpit over the optimizer's parameters (one per optimizer if several)."""
         several = len(optimizers) > 1 and not automatic

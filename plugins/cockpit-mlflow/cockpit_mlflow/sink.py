@@ -165,7 +165,8 @@ class MlflowSink:
             found = self.client.get_experiment_by_name(name)
             experiment_id = found.experiment_id if found else self.client.create_experiment(name)
         run = self.client.create_run(experiment_id, run_name=options.run_name)
-        return run.info.run_id
+        run_id: str = run.info.run_id
+        return run_id
 
     def __call__(self, record: Mapping[str, Any]) -> None:
         """Log one cockpit record."""

@@ -84,7 +84,7 @@ class TensorBoardSink:
 
     def __init__(
         self,
-        log_dir: str | os.PathLike | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
         *,
         writer: Any = None,
         prefix: str = "cockpit",

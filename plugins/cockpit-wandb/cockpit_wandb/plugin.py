@@ -1,13 +1,14 @@
 """Entry point of cockpit-wandb: registers the ``wandb`` sink."""
 
 from cockpit_core import hookimpl
+from cockpit_core.hookspecs import RegisterSink
 from cockpit_wandb.sink import WandbConfig, WandbSink
 
 COCKPIT_PROTOCOL_VERSION = 1
 
 
 @hookimpl
-def register_sinks(register):
+def register_sinks(register: RegisterSink) -> None:
     """Register the ``wandb`` sink (``Cockpit(..., sinks=["wandb"])``)."""
     register(
         "wandb",

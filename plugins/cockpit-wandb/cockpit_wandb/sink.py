@@ -98,7 +98,7 @@ class WandbSink:
         *,
         run: Any = None,
         name: str | None = None,
-        dir: str | os.PathLike | None = None,
+        dir: str | os.PathLike[str] | None = None,
         mode: Mode | None = None,
         prefix: str = "cockpit",
         image_every: int = 0,

@@ -75,7 +75,7 @@ class Parameters(Quantity):
         super().__init__(track_schedule, verbose)
         self._validate()
 
-    def to_legacy(self, value: Any, step: int) -> list:
+    def to_legacy(self, value: Any, step: int) -> list[Any]:
         """``[p.tolist() for p in params]``, as Cockpit 1.0.2 stores them."""
         return [np.asarray(p).tolist() for p in value]
 
@@ -94,7 +94,8 @@ class _PerParamNorm(Quantity):
 
     def to_legacy(self, value: Any, step: int) -> list[float]:
         """The per-parameter norms as a list of floats."""
-        return _floats(value["per_param"]).tolist()
+        norms: list[float] = _floats(value["per_param"]).tolist()
+        return norms
 
     @classmethod
     def from_legacy(cls, value: Any) -> dict[str, Any]:
@@ -326,7 +327,8 @@ class HessTrace(Quantity):
 
     def to_legacy(self, value: Any, step: int) -> list[float]:
         """The per-parameter traces as a list of floats."""
-        return _floats(value["per_param"]).tolist()
+        traces: list[float] = _floats(value["per_param"]).tolist()
+        return traces
 
     @classmethod
     def from_legacy(cls, value: Any) -> dict[str, Any]:

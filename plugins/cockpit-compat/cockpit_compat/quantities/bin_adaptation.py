@@ -22,7 +22,9 @@ class BinAdaptation:
         self._track_schedule = track_schedule
         self._verbose = bool(verbose)
 
-    def native(self, histogram_schedule: Callable[[int], bool], where: str) -> dict | None:
+    def native(
+        self, histogram_schedule: Callable[[int], bool], where: str
+    ) -> dict[str, Any] | None:
         """The native ``adapt`` entry, or ``None`` for no adaptation.
 
         Args:

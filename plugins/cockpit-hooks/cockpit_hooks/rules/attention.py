@@ -81,8 +81,8 @@ class AttentionRule(Rule):
         module: torch.nn.Module,
         record: Callable[[Use], None],
         func: Callable[..., Any],
-        args: tuple,
-        kwargs: dict,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
         """``F.multi_head_attention_forward`` with every projection recorded."""
         bound = _SIGNATURE.bind(*args, **kwargs)

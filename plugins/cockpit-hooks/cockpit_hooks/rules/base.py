@@ -84,7 +84,9 @@ class Rule:
         """``(owner, attribute)`` of the parameters the rule serves for ``module``."""
         return [(module, name) for name, _ in module.named_parameters(recurse=False)]
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> list[Use]:
         """What to keep of one forward call of ``module`` (forward-hook rules)."""
         return []
 
@@ -93,8 +95,8 @@ class Rule:
         module: torch.nn.Module,
         record: Callable[[Use], None],
         func: Callable[..., Any],
-        args: tuple,
-        kwargs: dict,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
         """Compute ``func(*args, **kwargs)`` and ``record`` its uses (intercepting rules)."""
         return func(*args, **kwargs)
@@ -139,13 +141,15 @@ def expand_batch(tensor: Tensor, batch_size: int, added: bool) -> Tensor:
     return tensor.expand(batch_size, *tensor.shape[1:])
 
 
-def first_input(args: tuple, kwargs: dict, name: str = "input") -> Tensor:
+def first_input(args: tuple[Any, ...], kwargs: dict[str, Any], name: str = "input") -> Tensor:
     """The module's first argument, given by position or as ``name=...``."""
     if args:
-        return args[0]
-    if name in kwargs:
-        return kwargs[name]
-    raise ValueError(f"the module was called without its {name!r} argument")
+        first: Tensor = args[0]
+    elif name in kwargs:
+        first = kwargs[name]
+    else:
+        raise ValueError(f"the module was called without its {name!r} argument")
+    return first
 
 
 def batch_first(tensor: Tensor, batch_size: int, what: str) -> Tensor:

@@ -13,7 +13,7 @@ forward pass with that reason.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -42,7 +42,9 @@ class BatchNormRule(AffineNormRule):
             )
         return None
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Tensor
+    ) -> list[Use]:
         """The layer input, in eval mode; in training mode the pass is refused."""
         if module.training:
             raise Unsupported(TRAINING_MODE)

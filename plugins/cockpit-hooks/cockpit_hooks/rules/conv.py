@@ -7,7 +7,7 @@ a block of samples at a time when a statistic needs every element; see
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -27,7 +27,9 @@ class ConvRule(Rule):
         """Only ``groups=1``."""
         return supported_conv(module)
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Tensor
+    ) -> list[Use]:
         """The layer input; the output's gradient completes the use."""
         params = tuple((module, n) for n, _ in module.named_parameters(recurse=False))
         return [Use(params, first_input(args, kwargs).detach(), output)]

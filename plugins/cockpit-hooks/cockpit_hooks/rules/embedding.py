@@ -13,7 +13,7 @@ outside autograd, so the formula holds for the renormalized weight.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -38,7 +38,9 @@ class EmbeddingRule(Rule):
             return "sparse=True gives sparse gradients"
         return None
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Tensor
+    ) -> list[Use]:
         """The looked-up indices; the gradient of the looked-up rows completes the use."""
         return [Use(((module, "weight"),), first_input(args, kwargs).detach(), output)]
 

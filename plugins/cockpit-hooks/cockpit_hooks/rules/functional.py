@@ -83,7 +83,8 @@ class FunctionalCall:
     @property
     def input(self) -> Tensor:
         """The call's input (batch first)."""
-        return self.arguments["input"]
+        value: Tensor = self.arguments["input"]
+        return value
 
     def parameters(self) -> dict[str, Tensor]:
         """``argument name -> tensor`` of the arguments that can be parameters."""
@@ -109,7 +110,7 @@ class FunctionalCall:
 _SIGNATURES_BY_NAME = {name: params for name, _, params in _SIGNATURES.values()}
 
 
-def bind(func: Any, args: tuple, kwargs: dict) -> FunctionalCall | None:
+def bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FunctionalCall | None:
     """``func(*args, **kwargs)`` as a :class:`FunctionalCall`, if ``func`` is supported."""
     signature = _SIGNATURES.get(func)
     if signature is None:

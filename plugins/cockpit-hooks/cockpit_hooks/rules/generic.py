@@ -46,8 +46,8 @@ class ModuleCall:
 
     """
 
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     shape: torch.Size
     broadcast: bool = False
     result: dict[str, Tensor] | None = field(default=None, repr=False)
@@ -69,7 +69,9 @@ class GenericRule(Rule):
         """The module's own parameters (its children's have rules of their own)."""
         return [(module, n) for n, _ in module.named_parameters(recurse=False)]
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> list[Use]:
         """The call's arguments; the output's gradient completes the use."""
         if not isinstance(output, Tensor):
             raise Unsupported(
@@ -128,7 +130,8 @@ def _vjp_per_sample(
             "tuple[Any, Callable[..., Any]]",
             vjp(lambda p: functional_call(module, p, args, kwargs), theta),
         )
-        return pullback(d_n.reshape(shape))[0]
+        grads: dict[str, Tensor] = pullback(d_n.reshape(shape))[0]
+        return grads
 
     with torch.enable_grad():
         return vmap(one, in_dims=(0, *dims), randomness="error")(d, *leaves)

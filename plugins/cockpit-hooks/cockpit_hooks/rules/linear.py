@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -108,7 +108,9 @@ class LinearRule(Rule):
         torch.nn.modules.linear.NonDynamicallyQuantizableLinear,
     )
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Tensor
+    ) -> list[Use]:
         """The layer input; the output's gradient completes the use."""
         label = f"the input of {type(module).__name__}"
         params = tuple((module, n) for n, _ in module.named_parameters(recurse=False))

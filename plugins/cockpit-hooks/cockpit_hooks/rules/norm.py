@@ -12,7 +12,7 @@ They are small (the parameter's size per sample) and kept dense.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,9 @@ _RMS_NORM = getattr(torch.nn, "RMSNorm", None)
 class AffineNormRule(Rule):
     """Shared part: keep the input, recompute ``x_hat``, reduce ``d`` and ``d * x_hat``."""
 
-    def uses(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Tensor) -> list[Use]:
+    def uses(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Tensor
+    ) -> list[Use]:
         """The layer input; the output's gradient completes the use."""
         params = tuple((module, n) for n, _ in module.named_parameters(recurse=False))
         return [Use(params, first_input(args, kwargs).detach(), output)]
