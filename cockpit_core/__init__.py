@@ -39,7 +39,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     )
     from cockpit_core.hookspecs import PROTOCOL_VERSION, hookimpl
     from cockpit_core.log import read_log
-    from cockpit_core.observe.probe import Probe
+    from cockpit_core.observe.probe import FunctionCall, Probe
     from cockpit_core.plugin.registry import Registry, default_registry
     from cockpit_core.quantity import (
         Quantity,
@@ -105,6 +105,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "per_sample_transform": "cockpit_core.requirements",
     # the forward pass a quantity reads
     "Probe": "cockpit_core.observe.probe",
+    "FunctionCall": "cockpit_core.observe.probe",
     # statistics providers and kinds
     "StatisticProvider": "cockpit_core.statistics.provider",
     "StatisticKind": "cockpit_core.statistics.kinds",
@@ -140,7 +141,71 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "DuplicateQuantityError": "cockpit_core.errors",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+# literal, so that type checkers see the exports (mypy's implicit_reexport=False); kept
+# equal to _EXPORTS by tests/core/test_lazy_exports.py
+__all__ = [
+    "Cockpit",
+    "read_log",
+    "config_json_schema",
+    "load_config_file",
+    "resolve_quantities",
+    "Quantity",
+    "QuantityConfig",
+    "TwoStepQuantity",
+    "layered",
+    "ResumeContext",
+    "StepContext",
+    "Cache",
+    "EveryN",
+    "ExplicitSteps",
+    "Logarithmic",
+    "OnFinding",
+    "Requirements",
+    "Statistic",
+    "BATCH_DOT",
+    "BATCH_L2",
+    "BATCH_PROJECTION",
+    "DIAG_GGN_EXACT",
+    "DIAG_HESSIAN",
+    "GRAD_BATCH",
+    "SUM_GRAD_SQUARED",
+    "diag_ggn_mc",
+    "per_sample_projection",
+    "per_sample_transform",
+    "Probe",
+    "FunctionCall",
+    "StatisticProvider",
+    "StatisticKind",
+    "Collection",
+    "ParamSlot",
+    "PerSampleGrads",
+    "DenseGrads",
+    "ConvGrads",
+    "EmbeddingGrads",
+    "OuterProductGrads",
+    "TiedGrads",
+    "hookimpl",
+    "PROTOCOL_VERSION",
+    "Registry",
+    "default_registry",
+    "CockpitError",
+    "CockpitWarning",
+    "ConfigError",
+    "MissingInfoError",
+    "MisuseError",
+    "RequirementConflictError",
+    "StateError",
+    "LogLockedError",
+    "UnsupportedModelError",
+    "UnknownNameError",
+    "UnknownQuantityError",
+    "UnknownPresetError",
+    "UnknownSinkError",
+    "UnknownInstrumentError",
+    "DuplicateNameError",
+    "DuplicateQuantityError",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> _Any:

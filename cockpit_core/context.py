@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from cockpit_core.cache import Cache, QuantityCache
+from cockpit_core.engine.micro_batch_norms import MicroBatchNorms
 from cockpit_core.errors import MisuseError, UnsupportedModelError
 from cockpit_core.statistics.statistic import Statistic
 from cockpit_core.step_data import StepData
@@ -104,6 +105,28 @@ class StepContext:
                 f"{self.step}; declare it in Requirements(probes=...)."
             )
         return probes.values[key]
+
+    @property
+    def micro_batch_norms(self) -> MicroBatchNorms:
+        """The squared norm of each micro-batch's own gradient (all processes), per parameter.
+
+        Requires ``Requirements(micro_batch_norms=True)``. A step without accumulation is one
+        micro-batch per process. See :class:`~cockpit_core.engine.micro_batch_norms.MicroBatchNorms`.
+
+        Raises:
+            KeyError: No quantity of this step declared ``micro_batch_norms=True``.
+            UnsupportedModelError: They could not be recorded, with the reason.
+
+        """
+        norms = self._data.micro_batch_norms
+        if norms is None:
+            raise KeyError(
+                f"'{self._owner}' reads ctx.micro_batch_norms, which were not recorded at step "
+                f"{self.step}; declare Requirements(micro_batch_norms=True)."
+            )
+        if isinstance(norms, str):
+            raise UnsupportedModelError(norms)
+        return norms
 
     def hvp(self, vectors: Sequence[Tensor]) -> list[Tensor]:
         """Hessian-vector product of the mini-batch loss, one tensor per parameter.

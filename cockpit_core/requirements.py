@@ -143,9 +143,13 @@ class Requirements:
         info: Keys that must be present in the ``info`` dict of ``cockpit(step, info=...)``.
         loss_graph: Whether Hessian-vector products (``ctx.hvp``) are used; the user's
             ``backward`` must then keep the graph (``retain_graph=cp.retain_graph(step)``).
-        probes: Reductions of module outputs in the step's forward pass
-            (:class:`~cockpit_core.observe.probe.Probe`, read with ``ctx.probe(key)``);
+        probes: Reductions of module outputs, or of calls of torch functions, in the
+            step's forward pass (:class:`~cockpit_core.observe.probe.Probe`, read with
+            ``ctx.probe(key)``);
             they need the model (``Cockpit(model, ...)`` or ``cp.attach(model)``).
+        micro_batch_norms: Whether the squared norm of each micro-batch's own gradient is
+            recorded during its backward pass (read with ``ctx.micro_batch_norms``;
+            :mod:`cockpit_core.engine.micro_batch_norms`).
 
     """
 
@@ -153,6 +157,7 @@ class Requirements:
     info: frozenset[str] = frozenset()
     loss_graph: bool = False
     probes: tuple[Probe, ...] = ()
+    micro_batch_norms: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statistics", tuple(self.statistics))
@@ -185,6 +190,7 @@ class MergedRequirements:
         owners: For each statistic identity, the names of the quantities that requested it.
         loss_graph: Whether any quantity needs Hessian-vector products.
         probes: Each distinct probe once (by key), in first-requested order.
+        micro_batch_norms: Whether any quantity reads the micro-batch gradient norms.
 
     """
 
@@ -192,6 +198,7 @@ class MergedRequirements:
     owners: dict[tuple[str, str], tuple[str, ...]]
     loss_graph: bool
     probes: tuple[Probe, ...] = ()
+    micro_batch_norms: bool = False
 
     @property
     def per_sample(self) -> bool:
@@ -201,7 +208,12 @@ class MergedRequirements:
     @property
     def empty(self) -> bool:
         """Whether nothing beyond a plain backward pass is needed."""
-        return not self.statistics and not self.loss_graph and not self.probes
+        return (
+            not self.statistics
+            and not self.loss_graph
+            and not self.probes
+            and not self.micro_batch_norms
+        )
 
 
 def merge_requirements(requests: Iterable[tuple[str, Requirements]]) -> MergedRequirements:
@@ -216,8 +228,10 @@ def merge_requirements(requests: Iterable[tuple[str, Requirements]]) -> MergedRe
     owners: dict[tuple[str, str], list[str]] = {}
     loss_graph = False
     probes: dict[str, Probe] = {}
+    micro_batch_norms = False
     for name, req in requests:
         loss_graph = loss_graph or req.loss_graph
+        micro_batch_norms = micro_batch_norms or req.micro_batch_norms
         for probe in req.probes:
             probes.setdefault(probe.key, probe)
         for stat in req.statistics:
@@ -241,4 +255,5 @@ def merge_requirements(requests: Iterable[tuple[str, Requirements]]) -> MergedRe
         owners={k: tuple(v) for k, v in owners.items()},
         loss_graph=loss_graph,
         probes=tuple(probes.values()),
+        micro_batch_norms=micro_batch_norms,
     )

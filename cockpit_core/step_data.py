@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from cockpit_core.engine.hvp import HessianVectorProducts
+from cockpit_core.engine.micro_batch_norms import MicroBatchNorms
 from cockpit_core.engine.mixed_precision import float_dtype
 from cockpit_core.observe.probe import ProbeResults
 
@@ -28,6 +29,7 @@ class StepData:
         grads: Sequence[Tensor] | None = None,
         grad_scale: float = 1.0,
         probes: ProbeResults | None = None,
+        micro_batch_norms: MicroBatchNorms | str | None = None,
     ):
         self.step = step
         self.info = info
@@ -38,6 +40,8 @@ class StepData:
         self.hvp = hvp
         self.grad_scale = grad_scale
         self.probes = probes if probes is not None else ProbeResults()
+        # each micro-batch's own gradient norms, or why there are none (None: not recorded)
+        self.micro_batch_norms = micro_batch_norms
         # given under torch.distributed (the global batch's gradient), else read lazily
         self._grads: list[Tensor] | None = None if grads is None else list(grads)
 
@@ -58,6 +62,7 @@ class StepData:
         self._grads = None
         self.info = {}
         self.probes = ProbeResults()
+        self.micro_batch_norms = None
         if self.hvp is not None:
             self.hvp.release()
 

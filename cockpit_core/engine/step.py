@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from cockpit_core.distributed.micro_batch_norms import gather_norms
 from cockpit_core.engine import loop_checks, mixed_precision
 from cockpit_core.engine.accumulation import (
     batch_from_share,
@@ -19,6 +20,7 @@ from cockpit_core.engine.accumulation import (
 from cockpit_core.engine.attention import MathAttentionHooks
 from cockpit_core.engine.hvp import HessianVectorProducts
 from cockpit_core.engine.keep_graph import KeepGraph
+from cockpit_core.engine.micro_batch_norms import NormRecorder
 from cockpit_core.engine.planner import Planner, Task
 from cockpit_core.engine.tracker import Tracker
 from cockpit_core.errors import CockpitWarning, MissingInfoError, MisuseError
@@ -107,6 +109,7 @@ class StepRun:
         self.unobserved: str | None = None
         self.marks: Any = None
         self.sync: Any = None
+        self.norms: NormRecorder | None = None  # each micro-batch's gradient norms, if needed
         self._began = False  # tracker.begin_step ran: the tracker is in this step
         self._entered = False  # __enter__ finished: __exit__ has something to leave
 
@@ -123,6 +126,8 @@ class StepRun:
         """``__enter__`` raised ``err``: undo what it set up; its error is the one that counts."""
         for probe in self.loss_gradients:
             probe.close()
+        if self.norms is not None:
+            self.norms.close()
         ctx, self._backend_ctx = self._backend_ctx, None
         with contextlib.suppress(Exception):
             if ctx is not None:
@@ -225,6 +230,10 @@ class StepRun:
             print(f"[cockpit] step {step}: tracking {names}; statistics: {stats}{extra}")
         tracked = bool(self.tasks or self.merged.statistics)
         tracker.cost.entered(step, started, tracked)  # the previous step's cost record
+        if self.merged.micro_batch_norms:  # hooks each micro-batch's backward pass
+            self.norms = NormRecorder(tracker.params, tracker.param_names, self.loss_scale)
+            if not self.accumulate:  # the block is the one micro-batch
+                self.norms.begin()
         if self.merged.loss_graph:  # last: nothing after it may raise
             self.keep = KeepGraph().__enter__()
 
@@ -427,19 +436,25 @@ class StepRun:
             stats, missing = ctx.__enter__()
         probe = mixed_precision.LossGradient(info.get("loss"))
         self.loss_gradients.append(probe)
+        share = samples / self.batch_size if samples and self.batch_size else None
+        if self.norms is not None:
+            self.norms.begin()
         try:
             yield
         except BaseException as err:
             probe.close()
+            if self.norms is not None:
+                self.norms.close()
             if ctx is not None:
                 with self._cockpit_passes():
                     ctx.__exit__(type(err), err, err.__traceback__)
             raise
         probe.close()
+        if self.norms is not None:  # before a provider recomputes the pass
+            self.norms.end(samples, share)
         if ctx is not None:
             with self._cockpit_passes():
                 ctx.__exit__(None, None, None)
-        share = samples / self.batch_size if samples and self.batch_size else None
         merge_stats(self.merged.statistics, self.stats, self.missing, stats, missing, share)
         merge_info(self.info, info)
 
@@ -482,6 +497,10 @@ class StepRun:
         exit_started = tracker.cost.clock()
         tracker.end_step(completed=exc_type is None)
         seen = [g.close() for g in self.loss_gradients]
+        if self.norms is not None:  # before a provider recomputes the pass
+            if exc_type is None and not self.accumulate:
+                self.norms.end(self.batch_size, 1.0)
+            self.norms.close()
         try:
             if self._backend_ctx is not None:
                 with self._cockpit_passes():
@@ -566,6 +585,11 @@ class StepRun:
                 self.info, self.stats, self.missing, self.merged, hvp
             )
             grads, data_factor = self._unscale_global(grads, factor), 1.0
+        norms = None if self.norms is None else self.norms.result()
+        if norms is not None and tracker.dist is not None:  # every process's micro-batches
+            d = tracker.dist
+            device = d.device(tracker.params)
+            norms = gather_norms(norms, len(tracker.params), d.group, d.rank, d.world, device)
         data = StepData(
             step,
             self.info,
@@ -577,6 +601,7 @@ class StepRun:
             grads,
             data_factor,
             self._probe_results(),
+            norms,
         )
         try:
             if self.sync is None and any(s.combine == "project" for s in self.merged.statistics):

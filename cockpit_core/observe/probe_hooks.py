@@ -2,7 +2,9 @@
 
 The planner arms the probes the coming step needs; each selected module gets one forward
 hook that runs the probes selecting it and keeps what they return until the step takes it
-(:meth:`ProbeHooks.take`). Nothing stays on the model while no probe is armed.
+(:meth:`ProbeHooks.take`). Probes of function calls (``Probe.functions``) go to a
+:class:`~cockpit_core.observe.call_hooks.CallHooks`, whose results are taken with these.
+Nothing stays on the model while no probe is armed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import torch
 
+from cockpit_core.observe.call_hooks import CallHooks
 from cockpit_core.observe.probe import Probe, ProbeResults
 
 MAX_CALLS = 256
@@ -36,12 +39,13 @@ class ProbeHooks:
         self.results = ProbeResults()
         self.handles: list[Any] = []
         self.hooked: dict[int, str] = {}  # id(module) -> its name, for the hooked modules
+        self.calls = CallHooks(watching, MAX_CALLS)  # the probes of function calls
 
     def attach(self, model: torch.nn.Module | None) -> None:
         """Read the modules of ``model`` (the armed probes move to it)."""
-        probes = self.probes
+        probes = (*self.probes, *self.calls.probes)
         self.arm(())
-        self.model = model
+        self.model = self.calls.model = model
         self.arm(probes)
 
     def arm(self, probes: Iterable[Probe]) -> bool:
@@ -51,16 +55,18 @@ class ProbeHooks:
             Whether hooks are on the model now.
 
         """
-        probes = tuple({p.key: p for p in probes}.values())
+        unique = tuple({p.key: p for p in probes}.values())
+        calling = self.calls.arm(p for p in unique if p.functions)
+        probes = tuple(p for p in unique if not p.functions)
         if [p.key for p in probes] == [p.key for p in self.probes] and (
             self.handles or not probes or self.model is None
         ):
-            return bool(self.handles)
+            return bool(self.handles) or calling
         for handle in self.handles:
             handle.remove()
         self.handles, self.hooked, self.probes = [], {}, probes
         if not probes or self.model is None:
-            return False
+            return calling
         for name, module in self.model.named_modules():
             chosen = []
             for probe in probes:
@@ -73,21 +79,24 @@ class ProbeHooks:
                 hook = partial(self._called, name, tuple(chosen))
                 self.handles.append(module.register_forward_hook(hook))
                 self.hooked[id(module)] = name
-        return bool(self.handles)
+        return bool(self.handles) or calling
 
     def take(self) -> ProbeResults:
         """What the probes recorded since the last take (then forgotten)."""
         results, self.results = self.results, ProbeResults()
+        results.extend(self.calls.take())
         return results
 
     def clear(self) -> None:
         """Forget what was recorded."""
         self.results = ProbeResults()
+        self.calls.clear()
 
     def close(self) -> None:
         """Remove every hook and forget everything."""
         self.arm(())
         self.clear()
+        self.calls.close()
 
     def _called(
         self, name: str, probes: tuple[Probe, ...], module: torch.nn.Module, args: tuple, out: Any

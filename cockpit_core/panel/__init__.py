@@ -1,7 +1,10 @@
 """The panel kit: what a plugin needs to contribute a dashboard panel, without matplotlib.
 
 A panel is an :class:`~cockpit_core.instrument.Instrument` registered through the
-``register_instruments`` hook. :mod:`~cockpit_core.panel.data` turns a run's values into
+``register_instruments`` hook; its :class:`~cockpit_core.instrument.Chart` (with
+:class:`~cockpit_core.instrument.Line`, :class:`~cockpit_core.instrument.Each` and
+:class:`~cockpit_core.instrument.Threshold`) says what a view that does not draw with
+matplotlib (the web view) shows. :mod:`~cockpit_core.panel.data` turns a run's values into
 series (``values``, ``series``, ``last``, ``smooth``, ...); :mod:`~cockpit_core.panel.style`
 holds the colours and small drawing helpers every panel shares; and
 :mod:`~cockpit_core.panel.planning` says which panels a run's dashboard shows and skips. A
@@ -11,7 +14,7 @@ a plotting library. See ``docs/dashboard.md``.
 
 from __future__ import annotations
 
-from cockpit_core.instrument import TOPICS, Draw, Instrument, Output
+from cockpit_core.instrument import TOPICS, Chart, Draw, Each, Instrument, Line, Output, Threshold
 from cockpit_core.panel import data, style
 from cockpit_core.panel.data import (
     ema,
@@ -21,15 +24,20 @@ from cockpit_core.panel.data import (
     per_param_series,
     scalar,
     series,
+    short_names,
     smooth,
     values,
 )
 
 __all__ = [
     "TOPICS",
+    "Chart",
     "Draw",
+    "Each",
     "Instrument",
+    "Line",
     "Output",
+    "Threshold",
     "data",
     "ema",
     "last",
@@ -38,6 +46,7 @@ __all__ = [
     "per_param_series",
     "scalar",
     "series",
+    "short_names",
     "smooth",
     "style",
     "values",

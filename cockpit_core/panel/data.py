@@ -101,6 +101,23 @@ def param_names(header: Mapping[str, Any], count: int | None = None) -> list[str
     return names
 
 
+def short_names(names: list[str]) -> list[str]:
+    """Module names without the dotted prefix they all share (for legends).
+
+    ``["transformer.h.0.attn", "transformer.h.1.attn"]`` -> ``["0.attn", "1.attn"]``; the
+    model itself (``""``) reads ``"(model)"``.
+    """
+    parts = [n.split(".") for n in names]
+    common = 0
+    while (
+        len(parts) > 1
+        and all(len(p) > common + 1 for p in parts)
+        and len({p[common] for p in parts}) == 1
+    ):
+        common += 1
+    return [".".join(p[common:]) or "(model)" for p in parts]
+
+
 def ema(values: np.ndarray, weight: float = 0.2, *, log: bool = False) -> np.ndarray:
     """Exponential moving average ``m_t = (1 - weight) m_{t-1} + weight x_t`` over the points.
 

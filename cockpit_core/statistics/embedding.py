@@ -40,7 +40,12 @@ class EmbeddingGrads(PerSampleGrads):
         idx = indices.reshape(batch, -1)
         d = grad_outputs.reshape(batch, -1, dim).to(reduction_dtype(grad_outputs))
         sample = torch.arange(batch, device=idx.device).unsqueeze(1).expand_as(idx)
-        keep = torch.ones_like(idx, dtype=torch.bool) if padding_idx is None else idx != padding_idx
+        if padding_idx is None:  # every row counts: no masked copy
+            self._sum_rows(
+                sample.reshape(-1), idx.reshape(-1), d.reshape(-1, dim), batch, num_embeddings
+            )
+            return
+        keep = idx != padding_idx
         self._sum_rows(sample[keep], idx[keep], d[keep], batch, num_embeddings)
 
     @classmethod

@@ -231,8 +231,8 @@ RUNTIME_ONLY = {
     "cockpit-huggingface": {"accelerate"},
     # its pictures are drawn by the .png renderer cockpit-dashboard registers: never imported
     "cockpit-demo": {"cockpit-dashboard"},
-    # its health preset names their quantities (loss, grad_norm; activations, logits)
-    "cockpit-health": {"cockpit-basic", "cockpit-activations"},
+    # its health preset names their quantities (loss, grad_norm; activations, logits; attention)
+    "cockpit-health": {"cockpit-basic", "cockpit-activations", "cockpit-attention"},
 }
 """Dependencies a distribution needs at run time without importing them itself."""
 

@@ -21,3 +21,4 @@ def test_every_public_name_resolves_and_type_checkers_see_the_same_names():
     guarded = next(n for n in tree.body if isinstance(n, ast.If))  # `if TYPE_CHECKING:`
     seen = {a.name for node in guarded.body for a in node.names}
     assert seen == set(cockpit_core._EXPORTS)
+    assert set(cockpit_core.__all__) == {*cockpit_core._EXPORTS, "__version__"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import plotly.graph_objects as go
-from cockpit_web import PANELS, TOPICS, assign, figures
+from cockpit_web import assign, default_layout, figures
 
 
 def test_first_party_series_go_to_the_dashboards_topics():
@@ -18,7 +18,8 @@ def test_first_party_series_go_to_the_dashboards_topics():
     assert assign("alpha/alpha", {}).id == "alpha"
     assert assign("alpha/exact", {}) is None  # a flag, not worth a line
     assert assign("hess_max_ev/hvps", {}) is None
-    assert {p.topic for p in PANELS} <= set(TOPICS)
+    layout = default_layout()
+    assert {p.topic for p in layout.panels} <= set(layout.topics)
 
 
 def test_labelled_and_third_party_quantities_get_panels_of_their_own():

@@ -71,9 +71,9 @@ class CallStats(NamedTuple):
     """What the probe keeps of one call of one module (see :func:`reduce_output`).
 
     Attributes:
-        stats: float64 on the output's device: ``[scale, norm, amax, zeros, under_1, ...,
-            under_k, over_1, ..., over_k]`` with ``norm = ||x / scale||_2`` and the counts of
-            the ``k`` low-precision dtypes.
+        stats: float64 on the output's device: ``[norm, amax, zeros, under_1, ...,
+            under_k, over_1, ..., over_k]`` with ``norm = ||x||_2`` and the counts of the
+            ``k`` low-precision dtypes.
         elements: Elements of the output.
 
     """
@@ -85,31 +85,34 @@ class CallStats(NamedTuple):
 def reduce_output(output: Any, low_precision: Sequence[torch.dtype] = ()) -> CallStats | None:
     """The statistics of one module output (:func:`first_tensor`); ``None`` without one.
 
-    Runs in the forward hook: a few element-wise passes over the output, all on its device,
-    no host synchronization. Sums are taken in float32 (float64 for a float64 output) after
-    dividing by the largest magnitude, so the sum of squares cannot overflow however large
-    the activations are (``bfloat16`` reaches ``3e38``, whose square a float32 sum cannot
-    hold); the caller multiplies the scale back in float64.
+    Runs in the forward hook: reductions of the output where it lies, no copy of it and no
+    host synchronization (three passes: the norm, the largest and smallest value, the
+    nonzero count; with ``low_precision`` a copy of ``|x|`` and two comparisons per
+    dtype). The norm is taken in float32 (float64 for a float64 output) by torch's blocked
+    reduction: its sum of squares overflows once ``||x||`` passes ``3.4e38``, that is when
+    the values reach about ``1.8e19 / sqrt(N)``, and the RMS is then ``inf`` (``amax``
+    stays exact): a blow-up either way, and scaling every output by its maximum first, the
+    overflow-proof way, costs three more passes and a copy of every output at every
+    tracked step.
     """
     x = first_tensor(output)
     if x is None or x.numel() == 0:
         return None
+    x = x.detach()
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    a = x.detach().to(acc).abs()  # a new tensor: changed in place below
-    amax = a.amax()  # NaN if any element is NaN
-    # 0 -> the smallest normal (the sum is then 0), NaN or inf -> 1 (the sum is then NaN or inf)
-    scale = amax.clamp(min=torch.finfo(acc).tiny).nan_to_num(nan=1.0, posinf=1.0)
-    counts = [(a == 0).sum()]
-    # the thresholds are compared in `acc`, which holds those of float16, bfloat16 and the
-    # float8 types exactly; wider types' become 0 and inf there, which no value passes
-    for dtype in low_precision:
-        info = torch.finfo(dtype)
-        counts.append(((a > 0) & (a < info.tiny)).sum())
-    for dtype in low_precision:
-        counts.append((a > torch.finfo(dtype).max).sum())
-    a.div_(scale)
-    norm = torch.linalg.vector_norm(a)
-    stats = torch.cat([torch.stack([scale, norm, amax]).double(), torch.stack(counts).double()])
+    norm = torch.linalg.vector_norm(x, dtype=acc)
+    low, high = torch.aminmax(x)
+    amax = torch.maximum(high, -low).to(acc)  # NaN if any element is NaN
+    counts = [x.numel() - torch.count_nonzero(x)]
+    if low_precision:
+        a = x.to(acc).abs()
+        # the thresholds are compared in `acc`, which holds those of float16, bfloat16 and
+        # the float8 types exactly; wider types' become 0 and inf there, which no value passes
+        for dtype in low_precision:
+            counts.append(((a > 0) & (a < torch.finfo(dtype).tiny)).sum())
+        for dtype in low_precision:
+            counts.append((a > torch.finfo(dtype).max).sum())
+    stats = torch.cat([torch.stack([norm, amax]).double(), torch.stack(counts).double()])
     return CallStats(stats, x.numel())
 
 
@@ -188,14 +191,14 @@ class Activations(Quantity):
             s = host[start : start + len(calls)]
             start += len(calls)
             count = float(sum(c.elements for c in calls))
-            zeros = s[:, 3].sum()
-            rms.append(_rms(s[:, 0], s[:, 1], count))
-            amax.append(np.max(s[:, 2]))
+            zeros = s[:, 2].sum()
+            rms.append(float(np.sqrt(np.sum(s[:, 0] ** 2) / count)))
+            amax.append(np.max(s[:, 1]))
             zero_frac.append(zeros / count)
             nonzero = count - zeros
             with np.errstate(invalid="ignore", divide="ignore"):
-                under.append(s[:, 4 : 4 + k].sum(0) / nonzero)
-                over.append(s[:, 4 + k : 4 + 2 * k].sum(0) / nonzero)
+                under.append(s[:, 3 : 3 + k].sum(0) / nonzero)
+                over.append(s[:, 3 + k : 3 + 2 * k].sum(0) / nonzero)
         out: dict[str, Any] = {
             "modules": list(found),
             "rms": np.asarray(rms, dtype=np.float64),
@@ -209,12 +212,6 @@ class Activations(Quantity):
             out["underflow"] = {n: under_all[:, j].copy() for j, n in enumerate(names)}
             out["overflow"] = {n: over_all[:, j].copy() for j, n in enumerate(names)}
         return out
-
-
-def _rms(scale: np.ndarray, norm: np.ndarray, count: float) -> float:
-    """``sqrt(sum_c (scale_c norm_c)^2 / count)``, scaled by the largest ``scale_c`` first."""
-    top = scale.max()
-    return float(top * np.sqrt(np.sum((scale / top * norm) ** 2) / count))
 
 
 def _to_host(rows: list[torch.Tensor]) -> np.ndarray:

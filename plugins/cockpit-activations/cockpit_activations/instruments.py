@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Instrument, last, series
+from cockpit_core.panel import Chart, Each, Instrument, last, series, short_names
 from cockpit_core.panel.style import PRIMARY, SECONDARY, TERTIARY, finish, line, message, positive
 
 TOPIC = "forward pass"
@@ -67,19 +67,6 @@ def _labelled(table: np.ndarray) -> set[int]:
     for row in table:
         latest = np.where(np.isfinite(row), row, latest)
     return {int(j) for j in np.argsort(-latest, kind="stable")[:LEGEND_MODULES]}
-
-
-def short_names(modules: list[str]) -> list[str]:
-    """Module names without the dotted prefix they all share (``transformer.``)."""
-    parts = [m.split(".") for m in modules]
-    common = 0
-    while (
-        len(parts) > 1
-        and all(len(p) > common + 1 for p in parts)
-        and len({p[common] for p in parts}) == 1
-    ):
-        common += 1
-    return [".".join(p[common:]) or "(model)" for p in parts]
 
 
 def draw_per_module(
@@ -143,6 +130,11 @@ INSTRUMENTS = [
         size=1.5,
         description="RMS of each selected module's output (blocks, linear and norm layers by "
         "default): growth over training, and against width in a muP coordinate check.",
+        chart=Chart(
+            {"activations": (Each("rms", names="modules"),)},
+            log_y=True,
+            y_title="RMS of the output",
+        ),
     ),
     Instrument(
         name="activations_amax",
@@ -153,6 +145,11 @@ INSTRUMENTS = [
         order=20,
         description="Largest magnitude of each selected module's output: massive "
         "activations, and the range a low-precision format must hold.",
+        chart=Chart(
+            {"activations": (Each("amax", names="modules"),)},
+            log_y=True,
+            y_title="max |output|",
+        ),
     ),
     Instrument(
         name="logits_log_z",
@@ -163,6 +160,7 @@ INSTRUMENTS = [
         order=30,
         description="Mean and max of log Z (logsumexp of the logits) and the largest logit; "
         "the legend gives the latest z-loss value.",
+        chart=Chart({"logits": ("log_z_mean", "log_z_max", "max_logit")}, y_title="logits"),
     ),
 ]
 """The panels this plugin registers."""

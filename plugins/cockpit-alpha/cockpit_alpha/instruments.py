@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Instrument, scalar, values
+from cockpit_core.panel import Chart, Instrument, scalar, values
 from cockpit_core.panel.style import BAD, MUTED, PRIMARY, SECONDARY
 
 LIMIT = 1.5
@@ -105,6 +105,7 @@ INSTRUMENTS = [
         order=10,
         description="Where each step lands on the fitted parabola of the loss along the "
         "update: < 0 too short, 0 the minimum, > 0 overshooting.",
+        chart=Chart({"alpha": ("alpha",)}, title="Alpha (step position on the local parabola)"),
     ),
 ]
 """The panels this plugin registers."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from cockpit_basic.lr_relation import headroom, learning_rates, lr_relation
 from cockpit_core.panel import (
+    Chart,
     Instrument,
     last,
     metric_series,
@@ -244,6 +245,7 @@ INSTRUMENTS = [
         order=20,
         size=2.0,
         description="Training loss per step and its moving average.",
+        chart=Chart({"loss": None}),
     ),
     Instrument(
         name="hyperparameters",
@@ -268,6 +270,7 @@ INSTRUMENTS = [
         description="Train/valid/test loss and accuracy logged with cp.log(step, "
         "train_loss=..., valid_accuracy=...), with epoch numbers (epoch_count).",
         available=has_performance_metrics,
+        chart=Chart({"metrics": None}, title="Performance (metrics of cp.log)", name="metrics"),
     ),
     Instrument(
         name="time",
@@ -278,6 +281,7 @@ INSTRUMENTS = [
         order=30,
         min_steps=2,
         description="Wall-clock milliseconds per training step.",
+        chart=Chart({"time": None}, title="Time since the first tracked step (s)"),
     ),
     Instrument(
         name="distance",
@@ -288,6 +292,10 @@ INSTRUMENTS = [
         draw=draw_distance,
         order=20,
         description="How far the parameters moved from the start, and each update's length.",
+        chart=Chart(
+            {"distance": ("total",), "update_size": ("total",)},
+            title="Distance from start & update size",
+        ),
     ),
     Instrument(
         name="grad_norm",
@@ -297,6 +305,7 @@ INSTRUMENTS = [
         draw=draw_grad_norm,
         order=30,
         description="Norm of the mini-batch gradient.",
+        chart=Chart({"grad_norm": ("total",)}),
     ),
     Instrument(
         name="parameters",

@@ -9,13 +9,16 @@ or a ``total`` entry are read too).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from cockpit_core.panel import (
+    Chart,
     Instrument,
+    Threshold,
     param_names,
     per_param_series,
     series,
@@ -31,6 +34,7 @@ from cockpit_core.panel.style import (
     line,
     log_if_wide,
 )
+from cockpit_curvature.stability import threshold
 
 
 def _eigenvalue(value: Any) -> float:
@@ -160,6 +164,24 @@ def draw_tic(ax: Any, output: Any, header: Any) -> None:
     finish(ax, ylabel="TIC", legend=True)
 
 
+def plain_formula(formula: str) -> str:
+    r"""A threshold formula in plain text: ``$2(1+\beta)/\eta$`` -> ``2(1 + momentum)/lr``."""
+    text = formula.strip("$").replace(r"\eta", "lr").replace(r"\beta", "momentum")
+    return text.replace("(1+momentum)", "(1 + momentum)").replace("-wd", " - weight_decay")
+
+
+def stability_line(hparams: Any) -> tuple[float | None, str]:
+    """The SGD stability threshold of an ``optimizer_hparams`` value and its line's name.
+
+    ``(None, why not)`` where none applies (adaptive optimizers, differing param groups);
+    see :func:`cockpit_curvature.stability.threshold`.
+    """
+    found, formula = threshold(hparams)
+    if not math.isfinite(found):
+        return None, formula
+    return float(found), f"stability threshold {plain_formula(formula)}"
+
+
 INSTRUMENTS = [
     Instrument(
         name="hess_max_ev",
@@ -169,6 +191,12 @@ INSTRUMENTS = [
         draw=draw_max_ev,
         order=10,
         description="Sharpness: the largest eigenvalue of the mini-batch Hessian.",
+        chart=Chart(
+            {"hess_max_ev": ("value",)},
+            title="Hessian max eigenvalue (sharpness)",
+            log_y=None,  # the threshold may lie far above
+            thresholds=(Threshold("optimizer_hparams", stability_line),),
+        ),
     ),
     Instrument(
         name="hess_trace",
@@ -178,6 +206,7 @@ INSTRUMENTS = [
         draw=draw_trace,
         order=20,
         description="Trace of the Hessian, in total and per parameter.",
+        chart=Chart({"hess_trace": ("total",)}),
     ),
     Instrument(
         name="tic",
@@ -188,6 +217,7 @@ INSTRUMENTS = [
         draw=draw_tic,
         order=30,
         description="Takeuchi information criterion (generalization-gap proxy).",
+        chart=Chart({"tic_diag": ("total",), "tic_trace": ("total",)}),
     ),
 ]
 """The panels this plugin registers."""

@@ -5,7 +5,9 @@ Each finding of these rules declares the knobs its suggestion turns, alternative
 
 - learning rate down: ``step_size/overshoot``, ``stability``, ``exploding_gradients``,
   ``nonfinite``, ``vanishing_gradients``, ``early_stopping``, ``loss_spike``,
-  ``grad_norm_spike``, ``update_ratio_range`` (above ``high``);
+  ``grad_norm_spike``, ``update_ratio_range`` (above ``high``), ``attention_logit_growth``,
+  ``attention_entropy_collapse``, ``activation_blowup``; ``logit_divergence`` (learning
+  rate down, or a z-loss: ``z_loss`` up);
 - learning rate up: ``step_size/undershoot``, ``loss_plateau`` (when the loss fell too
   little; a loss that rose advises nothing), ``update_ratio_range`` (below ``low``; a
   layer that is not updated at all advises nothing);
@@ -33,6 +35,14 @@ GROW_BATCH = {BATCH_SIZE: "up", LEARNING_RATE: "down"}
 
 TOO_LARGE_STEP = ("stability", "step_size/overshoot", "exploding_gradients", "nonfinite")
 """Findings that measure a step that is already too large."""
+
+RUNAWAY = (
+    "attention_logit_growth",
+    "attention_entropy_collapse",
+    "logit_divergence",
+    "activation_blowup",
+)
+"""Findings of logits or activations that run away, the instabilities of high learning rates."""
 
 PRECEDENCE: tuple[Precedence, ...] = (
     Precedence(
@@ -82,6 +92,14 @@ PRECEDENCE: tuple[Precedence, ...] = (
         because="a layer's updates rewrite too large a share of its weights per step: its "
         "step is already too large, and a flat loss or a short step along the update is not "
         "a reason to make it larger",
+    ),
+    Precedence(
+        LEARNING_RATE,
+        wins=RUNAWAY,
+        over=("loss_plateau", "step_size/undershoot"),
+        because="attention logits, output logits or activations run away, which high "
+        "learning rates cause (Wortsman et al. 2023): a flat loss or a short step along the "
+        "update is not a reason to raise the learning rate",
     ),
 )
 """The first-party rules, strongest evidence first."""

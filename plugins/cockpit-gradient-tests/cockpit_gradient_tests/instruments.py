@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Instrument, last, scalar, series, smooth
+from cockpit_core.panel import Chart, Instrument, last, scalar, series, smooth
 from cockpit_core.panel.style import (
     BAD,
     MUTED,
@@ -126,6 +126,10 @@ INSTRUMENTS = [
         order=10,
         description="Largest theta/nu passing the norm, inner-product and orthogonality "
         "tests over steps, and the last step's acceptance regions.",
+        chart=Chart(
+            {name: ("total",) for name, _, _ in TESTS},
+            title="Gradient tests (norm, inner product, orthogonality)",
+        ),
     ),
     Instrument(
         name="mean_gsnr",
@@ -135,6 +139,7 @@ INSTRUMENTS = [
         draw=draw_mean_gsnr,
         order=60,
         description="Mean gradient signal-to-noise ratio.",
+        chart=Chart({"mean_gsnr": None}),
     ),
     Instrument(
         name="early_stopping",
@@ -144,6 +149,7 @@ INSTRUMENTS = [
         draw=draw_early_stopping,
         order=70,
         description="Evidence-based criterion of Mahsereci et al.; > 0 suggests stopping.",
+        chart=Chart({"early_stopping": None}),
     ),
     Instrument(
         name="cabs",
@@ -153,6 +159,7 @@ INSTRUMENTS = [
         draw=draw_cabs,
         order=80,
         description="Batch size suggested by the CABS rule.",
+        chart=Chart({"cabs": None}),
     ),
 ]
 """The panels this plugin registers."""

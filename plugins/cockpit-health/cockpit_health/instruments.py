@@ -11,7 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Instrument, param_names, per_param_series, series, smooth, values
+from cockpit_core.panel import (
+    Chart,
+    Each,
+    Instrument,
+    Line,
+    param_names,
+    per_param_series,
+    series,
+    smooth,
+    values,
+)
 from cockpit_core.panel.style import (
     MUTED,
     PRIMARY,
@@ -153,6 +163,11 @@ INSTRUMENTS = [
         size=1.5,
         description="Relative size of each update per parameter and in total, with the usual "
         "healthy range 1e-4..1e-2 shaded (about 1e-3 for Adam-type training).",
+        chart=Chart(
+            {"update_ratio": ("total", Each("per_param"))},
+            log_y=True,
+            y_title="||Δθ|| / ||θ||",
+        ),
     ),
     Instrument(
         name="param_norm",
@@ -162,6 +177,7 @@ INSTRUMENTS = [
         draw=draw_param_norm,
         order=45,
         description="Norm of all parameters over steps (Megatron's params-norm).",
+        chart=Chart({"param_norm": ("total",)}, y_title="||θ||"),
     ),
     Instrument(
         name="param_norm_layers",
@@ -171,6 +187,7 @@ INSTRUMENTS = [
         draw=draw_param_norm_layers,
         order=46,
         description="Norm of each parameter tensor over steps.",
+        chart=Chart({"param_norm": (Each("per_param"),)}, log_y=None, y_title="||θ_i||"),
     ),
     Instrument(
         name="noise_scale",
@@ -181,6 +198,11 @@ INSTRUMENTS = [
         order=60,
         description="Simple noise scale B_simple = tr(Σ)/|G|² (McCandlish et al., 2018) with "
         "its jackknife standard error, the ratio of moving averages, and the batch size.",
+        chart=Chart(
+            {"noise_scale": (Line("b_simple", error="se"), "batch_size")},
+            log_y=None,
+            y_title="B_simple (± standard error)",
+        ),
     ),
 ]
 """The panels this plugin registers."""

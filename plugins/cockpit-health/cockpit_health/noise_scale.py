@@ -64,7 +64,8 @@ class NoiseScale(Quantity):
 
     Output: ``{"b_simple", "se", "trace_cov", "grad_sq"}`` (floats) and ``"batch_size"``
     (``B``, to compare ``b_simple`` with). Cost: the per-sample statistics ``BATCH_L2``
-    and ``BATCH_PROJECTION`` (``O(B D)``, shared with the gradient tests).
+    and ``BATCH_PROJECTION`` (``O(B D)``, shared with the gradient tests). Without them,
+    from the gradients of the step's micro-batches: ``noise_scale_cheap``.
     """
 
     name = "noise_scale"
@@ -138,12 +139,19 @@ def _estimate(sum_sq: Tensor, grad_sq: Tensor, n: int) -> tuple[Tensor, Tensor, 
     """
     trace = ((sum_sq - n * grad_sq) / (n - 1)).clamp(min=0)
     signal = grad_sq - trace / n
+    return trace, signal, b_simple_ratio(trace, signal)
+
+
+def b_simple_ratio(trace: Tensor, signal: Tensor) -> Tensor:
+    """``S / |G|^2_est`` where the signal is detected (``> 0``); else ``inf``, or ``nan`` if ``S = 0``.
+
+    Element-wise; shared by :class:`NoiseScale` and ``noise_scale_cheap``.
+    """
     detected = signal > 0
     undefined = torch.where(
         trace > 0, torch.full_like(trace, math.inf), torch.full_like(trace, math.nan)
     )
-    ratio = torch.where(detected, trace / torch.where(detected, signal, 1.0), undefined)
-    return trace, signal, ratio
+    return torch.where(detected, trace / torch.where(detected, signal, 1.0), undefined)
 
 
 def _summed(values: Sequence[Tensor | None]) -> Tensor | None:

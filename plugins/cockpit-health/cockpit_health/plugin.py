@@ -5,10 +5,12 @@ from cockpit_health import QUANTITIES
 
 COCKPIT_PROTOCOL_VERSION = 1
 
-HEALTH = ["loss", "grad_norm", "param_norm", "update_ratio", "activations", "logits"]
+HEALTH = ["loss", "grad_norm", "param_norm", "update_ratio", "activations", "logits", "attention"]
 """The cheap training-health signals (no per-sample statistics): ``loss`` and ``grad_norm``
-come from cockpit-basic, ``activations`` and ``logits`` (read from the forward pass: the
-Cockpit needs the model) from cockpit-activations. Attention logits will join them."""
+come from cockpit-basic, ``activations`` and ``logits`` from cockpit-activations,
+``attention`` (max attention logit and entropy per layer and head; empty for a model without
+attention) from cockpit-attention; the last three are read from the forward pass, so the
+Cockpit needs the model."""
 
 
 @hookimpl
@@ -25,8 +27,9 @@ def register_presets(register):
         "health",
         HEALTH,
         "What LLM practitioners watch, cheaply (no per-sample statistics): loss, gradient "
-        "norm, parameter norm, update/parameter ratio, activation scale and output logits "
-        "(from cockpit-basic and cockpit-activations; the last two need the model).",
+        "norm, parameter norm, update/parameter ratio, activation scale, output logits and "
+        "attention logits and entropy (from cockpit-basic, cockpit-activations and "
+        "cockpit-attention; the last three need the model).",
     )
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from cockpit_core import StepContext, TwoStepQuantity, layered
-from cockpit_health._norms import norms64
+from cockpit_health._norms import norms
 
 
 class UpdateRatio(TwoStepQuantity):
@@ -34,9 +34,10 @@ class UpdateRatio(TwoStepQuantity):
     Two-step: the parameters are copied at a tracked step ``s`` and compared at the next
     step the Cockpit sees; the value is stored under ``s`` (as ``update_size``). A
     parameter with ``||theta_{s,i}|| = 0`` (e.g. a bias initialised to zero) has ratio
-    ``inf`` if it moved and ``nan`` if it did not; the dashboard marks both. Norms in
-    float64; the difference is taken in the parameters' dtype (at least float32, so
-    bfloat16/float16 weights are subtracted exactly).
+    ``inf`` if it moved and ``nan`` if it did not; the dashboard marks both. Norms as in
+    :func:`cockpit_health._norms.norms` (float32 reductions, float64 for float64
+    weights); the difference is taken in the parameters' dtype (at least float32, so
+    bfloat16/float16 weights are subtracted exactly), in place in the copy.
 
     Output: ``{"total": float, "per_param": np.ndarray}``. Memory: one copy of the model
     between the two steps.
@@ -44,21 +45,33 @@ class UpdateRatio(TwoStepQuantity):
 
     name = "update_ratio"
 
-    def compute_start(self, ctx: StepContext) -> Any:
-        """Copy the parameters before the optimizer step."""
-        return [p.detach().clone() for p in ctx.params]
+    def compute_start(self, ctx: StepContext) -> tuple[Tensor, list[Tensor]]:
+        """``(||theta_s,i||, copies of the parameters)`` before the optimizer step."""
+        params = [p.detach() for p in ctx.params]
+        return norms(params), [p.clone() for p in params]
 
-    def compute_end(self, ctx: StepContext, state: Any) -> dict:
+    def compute_end(self, ctx: StepContext, state: tuple[Tensor, list[Tensor]]) -> dict[str, Any]:
         """Return ``{"total": ..., "per_param": [...]}`` of ``||Delta theta|| / ||theta_s||``."""
-        before = norms64(state)
-        change = norms64(_difference(p.detach(), p0) for p, p0 in zip(ctx.params, state))
+        before, copies = state
+        change = norms(_changes([p.detach() for p in ctx.params], copies))
         with torch.no_grad():
             per_param = change / before  # x / 0 = inf, 0 / 0 = nan, as documented
             total = change.norm() / before.norm()
         return layered(total, per_param)
 
 
-def _difference(after: Tensor, before: Tensor) -> Tensor:
-    """``after - before`` in the common dtype, promoted to at least float32."""
-    dtype = torch.promote_types(torch.promote_types(after.dtype, before.dtype), torch.float32)
-    return after.to(dtype) - before.to(dtype)
+def _changes(after: list[Tensor], copies: list[Tensor]) -> list[Tensor]:
+    """``copies - after`` (the update, negated: norms only), in place where exact.
+
+    A copy of float32 or float64 parameters becomes the difference itself (no new
+    tensor); lower-precision parameters are subtracted in float32, where the difference
+    of two bfloat16/float16 values is exact.
+    """
+    changes = []
+    for a, c in zip(after, copies):
+        if a.dtype == c.dtype and c.dtype in (torch.float32, torch.float64):
+            changes.append(c.sub_(a))
+        else:
+            dtype = torch.promote_types(torch.promote_types(a.dtype, c.dtype), torch.float32)
+            changes.append(c.to(dtype) - a.to(dtype))
+    return changes

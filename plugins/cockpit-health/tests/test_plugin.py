@@ -39,6 +39,7 @@ def test_everything_the_plugin_registers():
         "quantity param_norm",
         "quantity update_ratio",
         "quantity noise_scale",
+        "quantity noise_scale_cheap",
         "preset health",
         "instrument update_ratio",
         "instrument param_norm",
@@ -51,7 +52,15 @@ def test_registered_names_and_the_health_preset():
     registry = default_registry()
     for cls in (ParamNorm, UpdateRatio, NoiseScale):
         assert registry.quantities[cls.name].distribution == "cockpit-health"
-    assert HEALTH == ["loss", "grad_norm", "param_norm", "update_ratio", "activations", "logits"]
+    assert HEALTH == [
+        "loss",
+        "grad_norm",
+        "param_norm",
+        "update_ratio",
+        "activations",
+        "logits",
+        "attention",
+    ]
     preset = registry.presets["health"]
     assert list(preset.quantities) == HEALTH
     assert preset.distribution == "cockpit-health"

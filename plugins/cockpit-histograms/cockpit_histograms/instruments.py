@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Instrument, last, param_names, values
+from cockpit_core.panel import Chart, Instrument, last, param_names, values
 from cockpit_core.panel.style import BAD, MUTED, PRIMARY, finish, message
 
 CMAP = "Blues"
@@ -200,6 +200,11 @@ INSTRUMENTS = [
         draw=draw_hist_1d,
         order=20,
         description="Per-sample gradient elements of the last tracked step.",
+        chart=Chart(  # the web view shows the largest element over steps instead
+            {"grad_hist_1d": ("grad_abs_max",), "grad_hist_2d": ("grad_abs_max",)},
+            title="Largest gradient element |g|",
+            name="grad_abs_max",
+        ),
     ),
     Instrument(
         name="grad_hist_1d_time",
@@ -209,6 +214,9 @@ INSTRUMENTS = [
         draw=draw_hist_1d_time,
         order=25,
         description="The 1-D gradient histogram of every tracked step as a heat map.",
+        chart=Chart(
+            heatmap="grad_hist_1d", name="grad_hist_time", y_title="gradient element value"
+        ),
     ),
     Instrument(
         name="grad_hist_2d",

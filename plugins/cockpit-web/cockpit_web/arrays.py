@@ -3,14 +3,17 @@
 :class:`ArrayStore` takes the same ``header`` and ``values`` records as the follower's scalar
 series and keeps, per run:
 
-* per-parameter series: the ``per_param`` list of every quantity that logs one (one number
-  per tracked parameter: ``grad_norm``, ``distance``, ``update_size``, ``hess_trace``,
-  ``tic_diag``, ...), while the run tracks at most :data:`PER_PARAM_MAX` parameters, at
-  most ``2 * PER_PARAM_STEPS + 1`` steps of each (:class:`Decimated`);
-* the ``grad_hist_1d`` histograms (counts and edges), at most ``2 * columns + 1`` of each
-  however long the run (:class:`HistogramTrack`);
-* the SGD stability threshold of each logged ``optimizer_hparams`` value, computed with
-  cockpit-curvature's :func:`cockpit_curvature.stability.threshold` (a dependency).
+* the arrays the charts draw one line per entry of (:class:`~cockpit_core.panel.Each`:
+  ``activations``' per-module ``rms``, ``update_ratio``'s ``per_param``, ...), for arrays
+  of at most :data:`ENTRIES_MAX` entries, at most ``2 * PER_PARAM_STEPS + 1`` steps of each
+  (:class:`Decimated`);
+* per-parameter series: the ``per_param`` list of every other quantity that logs one (one
+  number per tracked parameter: ``grad_norm``, ``distance``, ``hess_trace``, ...), while the
+  run tracks at most :data:`PER_PARAM_MAX` parameters, bounded the same way;
+* the 1-D histograms (``{"hist": counts, "edges": ...}``: ``grad_hist_1d``), at most
+  ``2 * columns + 1`` of each however long the run (:class:`HistogramTrack`);
+* the charts' thresholds (:class:`~cockpit_core.panel.Threshold`, e.g. the SGD stability
+  threshold from ``optimizer_hparams``), computed from each value of their quantity.
 
 Each record costs a few list copies; nothing here touches the training process.
 """
@@ -18,24 +21,28 @@ Each record costs a few list copies; nothing here touches the training process.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from cockpit_curvature.stability import threshold
+
+from cockpit_core.panel import Each, Threshold
 
 PER_PARAM_MAX = 64
 """Per-parameter series are kept only for runs tracking at most this many parameters."""
 
+ENTRIES_MAX = 128
+"""Arrays drawn one line per entry (:class:`~cockpit_core.panel.Each`) are kept up to this
+many entries."""
+
 PER_PARAM_STEPS = 2000
-"""Steps of a per-parameter series shown at most (:class:`Decimated`: twice that kept)."""
+"""Steps of a per-parameter or per-entry series shown at most (:class:`Decimated`: twice
+that kept)."""
 
 HEATMAP_COLUMNS = 200
 """Steps (columns) of a gradient histogram heat map at most (evenly chosen, last kept)."""
 
-HISTOGRAM = "grad_hist_1d"
-SHARPNESS = "hess_max_ev"
-HPARAMS = "optimizer_hparams"
+_REDUCE: dict[str, Callable[[np.ndarray], Any]] = {"max": np.max, "min": np.min, "mean": np.mean}
 
 
 class Decimated:
@@ -111,36 +118,90 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def plain_formula(formula: str) -> str:
-    r"""A threshold formula in plain text: ``$2(1+\beta)/\eta$`` -> ``2(1+momentum)/lr``."""
-    text = formula.strip("$").replace(r"\eta", "lr").replace(r"\beta", "momentum")
-    return text.replace("(1+momentum)", "(1 + momentum)").replace("-wd", " - weight_decay")
+def at(value: Any, path: str) -> Any:
+    """The entry of ``value`` at ``path`` (``field/subfield``), ``None`` if there is none."""
+    for part in path.split("/"):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def is_histogram(value: Mapping[str, Any]) -> bool:
+    """Whether a value is a 1-D histogram: ``hist`` counts and one more ``edges``."""
+    counts, edges = value.get("hist"), value.get("edges")
+    if counts is None or edges is None or np.ndim(counts) != 1 or np.ndim(edges) != 1:
+        return False
+    return bool(np.shape(edges)[0] == np.shape(counts)[0] + 1)
+
+
+def entry_row(value: Any, each: Each) -> np.ndarray | None:
+    """One number per entry of ``each.field`` in ``value`` (float64, NaN if not finite).
+
+    ``None`` if the value has no such array.
+
+    Raises:
+        ValueError: The array holds lists and ``each`` has no ``reduce``, or an entry
+            cannot be reduced.
+
+    """
+    found = at(value, each.field)
+    if found is None or isinstance(found, str | bytes) or np.ndim(found) == 0:
+        return None
+    if each.reduce:
+        reduce = _REDUCE[each.reduce]
+        row = np.asarray([reduce(np.asarray(e, dtype=np.float64)) for e in found])
+    else:
+        row = np.asarray(found, dtype=np.float64)
+        if row.ndim != 1:
+            raise ValueError(f"{each.field!r} holds lists: the chart's Each needs a reduce")
+    return np.where(np.isfinite(row), row, np.nan)
 
 
 class ArrayStore:
-    """Per-parameter series, gradient histograms and stability thresholds of one log.
+    """Arrays, per-parameter series, histograms and thresholds of one log.
 
     Args:
         columns: Columns of the histogram heat map at most (:class:`HistogramTrack`).
+        entries: ``{quantity name: (Each, ...)}``: the arrays the charts draw a line per
+            entry of (:attr:`cockpit_web.panel.Layout.entries`).
+        thresholds: The charts' thresholds (:attr:`cockpit_web.panel.Layout.thresholds`).
 
     Attributes:
         param_names: The tracked parameters' names, from the header.
+        entries: ``{(output key, Each): Decimated}`` of ``(entry names or None, values)`` by
+            step (``None``: the header's parameter names; values float64, NaN if not finite).
         per_param: ``{output key: Decimated}`` of ``[value per parameter]`` by step
-            (non-finite: ``None``).
-        histograms: ``{output key: HistogramTrack}`` of the ``grad_hist_1d`` quantities.
-        thresholds: ``{step: threshold}`` of ``optimizer_hparams`` (``None``: none applies,
-            e.g. for Adam).
-        formula: The last drawn threshold's formula in plain text (``2/lr``, ...).
+            (non-finite: ``None``) of the quantities whose ``per_param`` no chart draws.
+        histograms: ``{output key: HistogramTrack}`` of the 1-D histogram quantities.
+        thresholds: ``{step: (value or None per threshold)}`` of the steps that logged a
+            threshold's quantity, in the order of ``threshold_specs``.
+        threshold_specs: The thresholds, in that order.
+        threshold_names: The name of each threshold's last value (``""`` before one).
 
     """
 
-    def __init__(self, columns: int = HEATMAP_COLUMNS):
+    def __init__(
+        self,
+        columns: int = HEATMAP_COLUMNS,
+        entries: Mapping[str, Sequence[Each]] | None = None,
+        thresholds: Sequence[Threshold] = (),
+    ):
         self.columns = columns
         self.param_names: list[str] = []
+        self.wanted = {name: tuple(found) for name, found in (entries or {}).items()}
+        self.entries: dict[tuple[str, Each], Decimated] = {}
         self.per_param: dict[str, Decimated] = {}
         self.histograms: dict[str, HistogramTrack] = {}
-        self.thresholds: dict[int, float | None] = {}
-        self.formula = ""
+        self.threshold_specs = tuple(thresholds)
+        self.threshold_names = [""] * len(self.threshold_specs)
+        self.thresholds: dict[int, tuple[float | None, ...]] = {}
+        self._sources = {t.quantity for t in self.threshold_specs}
+        self._names: tuple[str, ...] | None = None  # the last entry names kept (shared)
+
+    def keeps(self, name: str) -> bool:
+        """Whether a value of quantity ``name`` that is not a dict matters here."""
+        return name in self._sources
 
     def header(self, record: Mapping[str, Any]) -> None:
         """Take the parameter names of a ``header`` record."""
@@ -149,7 +210,8 @@ class ArrayStore:
 
     def drop(self, step: int) -> None:
         """Forget what ``step`` held: a later run of the log records it again (``read_run``)."""
-        for track in (*self.per_param.values(), *self.histograms.values()):
+        tracks = (*self.entries.values(), *self.per_param.values(), *self.histograms.values())
+        for track in tracks:
             track.drop(step)
         self.thresholds.pop(step, None)
 
@@ -157,14 +219,34 @@ class ArrayStore:
         """Take one ``values`` record: ``{output key: value}``, ``names`` as the follower's."""
         for key, value in values.items():
             name = names.get(key, key)
-            if name == HPARAMS:
-                self._hparams(step, value)
+            if name in self._sources:
+                self._threshold(step, name, value)
             if not isinstance(value, Mapping):
                 continue
-            if name == HISTOGRAM:
+            wanted = self.wanted.get(name, ())
+            for each in wanted:
+                self._entries(str(key), each, step, value)
+            if is_histogram(value):
                 self._histogram(str(key), step, value)
-            elif "per_param" in value:
+            elif "per_param" in value and not any(e.field == "per_param" for e in wanted):
                 self._per_param(str(key), step, value["per_param"])
+
+    def _entries(self, key: str, each: Each, step: int, value: Mapping[str, Any]) -> None:
+        row = entry_row(value, each)
+        if row is None or not 0 < row.size <= ENTRIES_MAX:
+            return
+        names: tuple[str, ...] | None = None
+        if each.names:
+            listed = at(value, each.names)
+            if listed is None or isinstance(listed, str) or len(listed) != row.size:
+                raise ValueError(f"{each.names!r} does not name each entry of {each.field!r}")
+            names = tuple(str(n) for n in listed)
+            if names == self._names:
+                names = self._names  # one tuple for the steps of unchanged entries
+            self._names = names
+        elif self.param_names and row.size != len(self.param_names):
+            return  # not one value per parameter
+        self.entries.setdefault((key, each), Decimated(PER_PARAM_STEPS)).add(step, (names, row))
 
     def _per_param(self, key: str, step: int, values: Any) -> None:
         if np.ndim(values) != 1:
@@ -180,19 +262,20 @@ class ArrayStore:
         self.per_param.setdefault(key, Decimated(PER_PARAM_STEPS)).add(step, row)
 
     def _histogram(self, key: str, step: int, value: Mapping[str, Any]) -> None:
-        counts, edges = value.get("hist"), value.get("edges")
-        if counts is None or edges is None or np.ndim(counts) != 1 or np.ndim(edges) != 1:
-            return
-        counts = np.asarray(counts, dtype=np.float64)
-        edges = np.asarray(edges, dtype=np.float64)
-        if edges.size != counts.size + 1 or not np.isfinite(edges).all():
+        counts = np.asarray(value["hist"], dtype=np.float64)
+        edges = np.asarray(value["edges"], dtype=np.float64)
+        if not np.isfinite(edges).all():
             return
         track = self.histograms.setdefault(key, HistogramTrack(self.columns))
         track.add(step, (counts, edges))
 
-    def _hparams(self, step: int, value: Any) -> None:
-        found, formula = threshold(value)
-        shown = _finite(found)
-        self.thresholds[step] = shown
-        if shown is not None:
-            self.formula = plain_formula(formula)
+    def _threshold(self, step: int, name: str, value: Any) -> None:
+        row = list(self.thresholds.get(step, (None,) * len(self.threshold_specs)))
+        for i, spec in enumerate(self.threshold_specs):
+            if spec.quantity != name:
+                continue
+            found, label = spec.line(value)
+            row[i] = None if found is None else _finite(found)
+            if row[i] is not None:
+                self.threshold_names[i] = str(label)
+        self.thresholds[step] = tuple(row)

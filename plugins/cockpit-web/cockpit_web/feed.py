@@ -28,7 +28,7 @@ from cockpit_core.errors import CockpitError
 from cockpit_web import findings as web_findings
 from cockpit_web.arrays import HEATMAP_COLUMNS
 from cockpit_web.follow import LogFollower
-from cockpit_web.panel import TOPICS
+from cockpit_web.panel import Layout
 from cockpit_web.panels import figures
 
 DIAGNOSE_SHARE = 0.1
@@ -99,6 +99,8 @@ class Feed:
             :data:`DIAGNOSE_SHARE` of the time; see the module's description), as
             ``cockpit diagnose`` does; ``False``: show only the findings the logs recorded
             while training.
+        registry: Where the panels' instruments come from
+            (:class:`~cockpit_web.panel.Layout`; default: every installed plugin's).
 
     """
 
@@ -110,6 +112,7 @@ class Feed:
         labels: Sequence[str] | None = None,
         diagnose: bool = True,
         heatmap_columns: int = HEATMAP_COLUMNS,
+        registry: Any = None,
     ):
         logs = find_logs(paths)
         if not logs:
@@ -118,8 +121,10 @@ class Feed:
             if len(labels) != len(logs):
                 raise ValueError(f"{len(labels)} labels for {len(logs)} logs.")
             logs = [(log, str(label)) for (log, _), label in zip(logs, labels)]
+        self.layout = Layout.of(registry)
         self.runs = [
-            LogFollower(path, label, heatmap_columns, max_points, diagnose) for path, label in logs
+            LogFollower(path, label, heatmap_columns, max_points, diagnose, self.layout)
+            for path, label in logs
         ]
         self.title = title or "cockpit: " + ", ".join(run.label for run in self.runs)
         self.max_points = max_points
@@ -163,7 +168,7 @@ class Feed:
         self.poll()
         with self._lock:
             if self._payload is None:
-                panels = figures(self.runs, self.max_points)
+                panels = figures(self.runs, self.max_points, self.layout)
                 diagnosed = [self._findings(i) for i in range(len(self.runs))]
                 found = web_findings.entries(
                     [(run.label, d.found) for run, d in zip(self.runs, diagnosed)],
@@ -176,7 +181,7 @@ class Feed:
                     "title": self.title,
                     "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
                     "points": sum(panel["points"] for panel in panels),
-                    "topics": list(TOPICS),
+                    "topics": list(self.layout.topics),
                     "runs": [
                         {
                             "label": run.label,

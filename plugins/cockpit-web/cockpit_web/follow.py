@@ -23,10 +23,10 @@ counts them). Series are named as the tracker sinks name them
 ``metrics/valid_loss`` ... (:func:`scalar_series`); the ``time`` quantity is counted from
 its value at its first step. A consolidated ``.json`` (``cp.write``) is read whole again
 whenever it changes. The follower only reads: it never locks, truncates or waits for the
-file. Per-parameter values, gradient histograms and stability thresholds go to the
-follower's :class:`~cockpit_web.arrays.ArrayStore` (:attr:`LogFollower.arrays`); with
-``diagnose`` the records the diagnoses read also go to a bounded window
-(:class:`~cockpit_core.diagnosing.runner.DiagnosisRunner`'s, the latest
+file. The arrays the charts draw a line per entry of, per-parameter values, histograms and
+the charts' thresholds go to the follower's :class:`~cockpit_web.arrays.ArrayStore`
+(:attr:`LogFollower.arrays`); with ``diagnose`` the records the diagnoses read also go to
+a bounded window (:class:`~cockpit_core.diagnosing.runner.DiagnosisRunner`'s, the latest
 :data:`DIAGNOSE_STEPS` steps) that :meth:`LogFollower.diagnosed` checks.
 """
 
@@ -51,7 +51,8 @@ from cockpit_core.log import LogData, LogFormatError, read_run
 from cockpit_core.log.format import MAX_LINE_BYTES
 from cockpit_core.log.read import decode_record
 from cockpit_core.log.scalars import Scalar, TagMap, quantity_entries, real_number
-from cockpit_web.arrays import HEATMAP_COLUMNS, HPARAMS, ArrayStore
+from cockpit_web.arrays import HEATMAP_COLUMNS, ArrayStore
+from cockpit_web.panel import Layout, default_layout
 from cockpit_web.reduce import ReducedSeries
 
 READ_CHUNK = 16 << 20
@@ -217,12 +218,15 @@ class LogFollower:
         points: Points of a scalar series kept and shown at most
             (:class:`~cockpit_web.reduce.ReducedSeries`).
         diagnose: Keep the diagnoses' window (:meth:`diagnose`).
+        layout: The panels shown (what :attr:`arrays` keeps for them; default: those of
+            every installed plugin's instruments, :func:`~cockpit_web.panel.default_layout`).
 
     Attributes:
         reduced_series: ``{tag: ReducedSeries}``.
         names: ``{output key: quantity name}`` from the headers (``cp.add`` included).
         findings: ``{id: finding record}`` of the log's ``finding`` records.
-        arrays: Per-parameter series, histograms and stability thresholds (the same fold).
+        arrays: Per-entry and per-parameter series, histograms and thresholds (the same
+            fold).
         records: Records read so far.
         applied: Records folded (counts a refold again): what a change cost.
         refolds: How often the log was folded again from its start.
@@ -239,8 +243,10 @@ class LogFollower:
         columns: int = HEATMAP_COLUMNS,
         points: int = 2000,
         diagnose: bool = False,
+        layout: Layout | None = None,
     ):
         self.path = Path(path)
+        self.layout = layout if layout is not None else default_layout()
         self.label = label
         self.columns = columns
         self.points = points
@@ -257,7 +263,7 @@ class LogFollower:
 
     def _clear(self) -> None:
         """Forget the fold (not the reading position)."""
-        self.arrays = ArrayStore(self.columns)
+        self.arrays = ArrayStore(self.columns, self.layout.entries, self.layout.thresholds)
         self.names: dict[str, str] = {}
         self.findings: dict[str, dict[str, Any]] = {}
         self.reduced_series: dict[str, ReducedSeries] = {}
@@ -509,7 +515,7 @@ class LogFollower:
         row.values.update({k: reduced(v) for k, v in record["values"].items()})
         self._touched.add(step)
         for key, value in record["values"].items():
-            if not isinstance(value, Mapping) and self.names.get(key, key) != HPARAMS:
+            if not isinstance(value, Mapping) and not self.arrays.keeps(self.names.get(key, key)):
                 continue  # nothing the ArrayStore keeps
             try:
                 with np.errstate(all="ignore"):

@@ -1,21 +1,19 @@
 """The plotly figure of each panel of the web view.
 
-The web view shows every scalar series of every logged quantity, each in the panel
-:func:`~cockpit_web.panel.assign` picks (:mod:`cockpit_web.panel`: the
-dashboard's topics for the first-party quantities, a generic panel for every other one),
-and beyond them (see :mod:`cockpit_web.extra_panels`) per-parameter lines, the
-gradient histogram over time and the sharpness panel's stability threshold. Runs are
-overlaid: one colour per run, one dash style per series.
+The web view shows the panels of the registered instruments' charts and a generic panel
+per quantity no chart names (:mod:`cockpit_web.panel`), and beyond them (see
+:mod:`cockpit_web.extra_panels`) the lines per entry of arrays, per-parameter lines, the
+histograms over time and the charts' thresholds. Runs are overlaid: one colour per run,
+one dash style per series.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from cockpit_web import extra_panels
-from cockpit_web.panel import PANELS, TOPICS, WebPanel, assign, thin
+from cockpit_web.panel import Layout, WebPanel, default_layout, thin
 
 TOP_MARGIN = 56
 """Pixels above a chart's plot area: plotly's mode bar (at most about 30 px high, shown at
@@ -24,24 +22,16 @@ above the plot area, so that the two never overlap."""
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
-def _place(panel: WebPanel) -> tuple[int, float, str]:
-    """Sort key: the topic, then the order of :data:`~cockpit_web.panel.PANELS`.
-
-    A panel not in it comes right after ``panel.after``.
-    """
-    position = {p.id: i for i, p in enumerate(PANELS)}
-    at = position.get(panel.id, position.get(panel.after, len(PANELS)) + 0.5)
-    order = TOPICS.index(panel.topic) if panel.topic in TOPICS else len(TOPICS)
-    return order, at, panel.id
-
-
-def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]:
+def figures(
+    runs: Sequence[Any], max_points: int = 2000, layout: Layout | None = None
+) -> list[dict[str, Any]]:
     """The panels of ``runs`` with their plotly figures, ordered by topic.
 
     Args:
         runs: Followers (``label``, ``names`` and ``series`` as in
             :class:`~cockpit_web.follow.LogFollower`), overlaid in this order.
         max_points: Points per series at most (evenly thinned beyond).
+        layout: The panels (default: :func:`~cockpit_web.panel.default_layout`).
 
     Returns:
         ``[{"id", "title", "topic", "points", "quantities", "figure": {"data", "layout"}}]``
@@ -52,23 +42,19 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
     import plotly.graph_objects as go
     from plotly.colors import qualitative
 
-    panels: dict[str, WebPanel] = {}
-    traces: dict[str, list[dict[str, Any]]] = {}
-    counts: dict[str, int] = {}
+    layout = layout if layout is not None else default_layout()
+    built = extra_panels.Panels()
     colors = qualitative.Plotly
     for index, run in enumerate(runs):
         dashes: dict[str, int] = {}
         for tag in sorted(run.series):
-            panel = assign(tag, run.names)
-            if panel is None or not run.series[tag]:
+            if not run.series[tag]:
                 continue
-            panels.setdefault(panel.id, panel)
-            dash = dashes.setdefault(panel.id, 0)
-            dashes[panel.id] += 1
-            points = thin(sorted(run.series[tag].items()), max_points)
-            counts[panel.id] = counts.get(panel.id, 0) + len(run.series[tag])
-            traces.setdefault(panel.id, []).append(
-                {
+            for panel, line in layout.assign(tag, run.names):
+                dash = dashes.setdefault(panel.id, 0)
+                dashes[panel.id] += 1
+                points = thin(sorted(run.series[tag].items()), max_points)
+                trace = {
                     "type": "scatter",
                     "mode": "lines+markers" if len(points) < 50 else "lines",
                     "name": tag if len(runs) == 1 else f"{run.label}: {tag}",
@@ -80,18 +66,20 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
                         "dash": _DASHES[dash % len(_DASHES)],
                     },
                 }
-            )
-    for panel_id, added in extra_panels.threshold_traces(runs, traces, max_points).items():
-        counts[panel_id] += added
-        if extra_panels.spans_decades(traces[panel_id]):
-            panels[panel_id] = replace(panels[panel_id], log_y=True)
-    extra_panels.totals_only(runs, panels)
-    more = extra_panels.per_param_panels(runs, max_points) + extra_panels.histogram_panels(runs)
-    for panel, data, count in more:
-        panels[panel.id], traces[panel.id], counts[panel.id] = panel, data, count
+                if line is not None and line.error:
+                    extra_panels.error_bars(trace, run, tag, line)
+                built.add(panel, [trace], len(run.series[tag]), index)
+    extra_panels.entry_traces(runs, layout, built, max_points)
+    extra_panels.threshold_traces(runs, built, max_points)
+    extra_panels.totals_only(runs, layout, built)
+    extra_panels.per_param_panels(runs, layout, built, max_points)
+    extra_panels.histogram_panels(runs, layout, built)
+    panels: dict[str, WebPanel] = built.panels
+    traces, counts = built.traces, built.counts
+    log_y = {i: extra_panels.log_axis(panels[i], traces[i]) for i in panels}
     result = []
-    for panel in sorted(panels.values(), key=_place):
-        layout = go.Layout(  # checked by plotly; the traces are plain scatter dicts
+    for panel in sorted(panels.values(), key=layout.sort_key):
+        axes = go.Layout(  # checked by plotly; the traces are plain scatter dicts
             {
                 "title": {  # below the mode bar's band, see TOP_MARGIN
                     "text": panel.title,
@@ -106,7 +94,7 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
                 },
                 "xaxis": {"title": {"text": "step"}},
                 "yaxis": {
-                    "type": "log" if panel.log_y else "linear",
+                    "type": "log" if log_y[panel.id] else "linear",
                     **({"title": {"text": panel.y_title}} if panel.y_title else {}),
                 },
                 "height": 320,
@@ -122,7 +110,7 @@ def figures(runs: Sequence[Any], max_points: int = 2000) -> list[dict[str, Any]]
                 "topic": panel.topic,
                 "points": counts[panel.id],
                 "quantities": sorted(panel.members),
-                "figure": {"data": traces[panel.id], "layout": layout.to_plotly_json()},
+                "figure": {"data": traces[panel.id], "layout": axes.to_plotly_json()},
             }
         )
     return result

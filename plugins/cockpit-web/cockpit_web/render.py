@@ -61,7 +61,9 @@ def render_html(
     sources = [source] if isinstance(source, str | os.PathLike | Cockpit) else list(source)
     with tempfile.TemporaryDirectory(prefix="cockpit-web-") as folder:
         logs = [_log(s, Path(folder), k, len(sources)) for k, s in enumerate(sources, 1)]
-        feed = Feed(logs, title=title, labels=labels, diagnose=diagnose)
+        cockpits = [s for s in sources if isinstance(s, Cockpit)]
+        registry = cockpits[0].registry if cockpits else None  # its instruments' panels
+        feed = Feed(logs, title=title, labels=labels, diagnose=diagnose, registry=registry)
         drawn: Path | str = standalone_page(feed) if path is None else write_page(feed, path)
     for run in feed.runs:
         if run.error:
