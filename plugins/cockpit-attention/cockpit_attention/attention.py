@@ -48,6 +48,12 @@ class AttentionConfig(QuantityConfig):
         description="Seed of the generator that samples the query positions (one generator "
         "per device, seeded once; later steps draw on from it).",
     )
+    entropy: bool = Field(
+        True,
+        description="Also compute the attention entropy (a softmax of every logit). Off, "
+        "only the largest logit is taken, at about half the cost; 'entropy', "
+        "'entropy_se' and 'min_entropy' are then NaN (the health preset does this).",
+    )
     names: list[str] | None = Field(
         None,
         min_length=1,
@@ -119,7 +125,7 @@ class Attention(Quantity):
         c = self.config
         key = (
             f"attention(max_elements={c.max_elements},queries={c.queries},seed={c.seed},"
-            f"names={c.names})"
+            f"entropy={c.entropy},names={c.names})"
         )
         generators: dict[torch.device, torch.Generator] = {}
 
@@ -135,7 +141,7 @@ class Attention(Quantity):
             scores = read_call(owner, call.function, call.args, call.kwargs)
             if scores is None:
                 return None
-            return reduce_scores(scores, c.max_elements, c.queries, generator)
+            return reduce_scores(scores, c.max_elements, c.queries, generator, entropy=c.entropy)
 
         return Probe(key, NameFilter(c.names), reduce, functions=WATCHED)
 

@@ -89,6 +89,9 @@ def draw_entropy(ax: Any, output: Any, header: Any) -> None:
     if table.size == 0:
         message(ax, "no attention layers recorded")
         return
+    if not np.isfinite(table).any():
+        message(ax, "entropy not computed (attention option entropy: false)")
+        return
     with np.errstate(all="ignore"):
         lowest = np.array([np.nanmin(r) if np.isfinite(r).any() else np.nan for r in table])
     line(ax, steps, lowest, color=BAD, label="min", lw=1.0, ls="--")

@@ -105,6 +105,7 @@ def reduce_scores(
     queries: int,
     generator: Callable[[torch.device], torch.Generator],
     chunk: int = CHUNK_ELEMENTS,
+    entropy: bool = True,
 ) -> AttentionCall:
     """Per head: the largest logit and the entropies of the attention distributions.
 
@@ -116,7 +117,8 @@ def reduce_scores(
     corrected). Given ``logits`` are always read in full (the model formed them).
 
     Logits are formed in float64 for float64 inputs and in float32 otherwise, with
-    autocast off, at most ``chunk`` at a time.
+    autocast off, at most ``chunk`` at a time. Without ``entropy`` only the largest logit
+    is taken (no softmax); the entropy sums and row counts stay 0 (the entropy reads NaN).
     """
     b, h, length, s = scores.shape
     device = scores.device
@@ -136,12 +138,19 @@ def reduce_scores(
     with torch.autocast(device.type, enabled=False):
         for bs, hs, rs in _blocks(b, h, m, s, chunk):
             z, soft, allowed = _block(scores, acc, bs, hs, rs, index)
-            top[hs] = torch.maximum(top[hs], z.masked_fill(~allowed, -torch.inf).amax((0, 2, 3)))
+            # without a bias the softmax input is the masked logits: no second masked copy
+            if scores.bias is None or scores.logits is not None:
+                masked = soft
+            else:
+                masked = z.masked_fill(~allowed, -torch.inf)
+            top[hs] = torch.maximum(top[hs], masked.amax((0, 2, 3)))
+            if not entropy:
+                continue
             p = torch.softmax(soft, dim=-1)
             valid = allowed.any(dim=-1)  # [b, h, r]
-            entropy = -torch.special.xlogy(p, p).sum(-1).masked_fill(~valid, 0.0).double()
-            sums[0, bs, hs] += entropy.sum(-1)
-            sums[1, bs, hs] += entropy.square().sum(-1)
+            h_rows = -torch.special.xlogy(p, p).sum(-1).masked_fill(~valid, 0.0).double()
+            sums[0, bs, hs] += h_rows.sum(-1)
+            sums[1, bs, hs] += h_rows.square().sum(-1)
             sums[2, bs, hs] += valid.sum(-1).double()
     if m == length:
         zero = torch.zeros(h, dtype=torch.float64, device=device)

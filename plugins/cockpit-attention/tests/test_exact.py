@@ -83,6 +83,20 @@ def test_nanogpt_in_a_training_loop():
         assert 0 < value["min_entropy"] < math.log(10)
 
 
+def test_without_entropy_only_the_max_logit_is_taken():
+    torch.manual_seed(0)
+    model = NanoGPT(vocab=40, block_size=16, d=24, heads=3, layers=2).double()
+    idx = torch.randint(0, 40, (3, 10), generator=torch.Generator().manual_seed(0))
+    layers = nanogpt_reference(model, idx)
+    value = _one_step(model, lambda: model(idx, idx)[1], {"name": "attention", "entropy": False})
+    for layer, (max_logit, _) in enumerate(layers):
+        np.testing.assert_allclose(value["max_logit"][layer], max_logit, rtol=1e-12)
+        assert np.isnan(value["entropy"][layer]).all()
+        assert np.isnan(value["entropy_se"][layer]).all()
+    assert value["max"] == max(max(r[0]) for r in layers)
+    assert math.isnan(value["min_entropy"])
+
+
 # -- nn.MultiheadAttention: F.multi_head_attention_forward ------------------------------------
 
 

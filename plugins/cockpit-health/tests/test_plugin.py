@@ -59,7 +59,7 @@ def test_registered_names_and_the_health_preset():
         "update_ratio",
         "activations",
         "logits",
-        "attention",
+        {"name": "attention", "entropy": False},
     ]
     preset = registry.presets["health"]
     assert list(preset.quantities) == HEALTH
@@ -68,8 +68,9 @@ def test_registered_names_and_the_health_preset():
 
 def test_the_health_preset_tracks_its_quantities():
     result = run_cockpit(tiny_mlp(), "health", steps=3, on_error="raise", attach=True)
-    assert set(result.output[0]) == set(HEALTH)
-    assert set(result.output[2]) == set(HEALTH) - {"update_ratio"}  # its end step never came
+    names = {q if isinstance(q, str) else q["name"] for q in HEALTH}
+    assert set(result.output[0]) == names
+    assert set(result.output[2]) == names - {"update_ratio"}  # its end step never came
 
 
 def _noise(b: float, se: float, trace: float = 1.0, signal: float = 0.1) -> dict:
