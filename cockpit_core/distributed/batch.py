@@ -54,6 +54,7 @@ from torch import Tensor
 from cockpit_core.distributed.gradient import (
     DistributedHVP,
     GlobalGradient,
+    GradientUnavailableError,
     Lockstep,
     OtherProcessError,
     ReduceBuffer,
@@ -109,10 +110,14 @@ class Distributed:
 
 
 def _local_batch(info: dict[str, Any]) -> int:
-    if info.get("batch_size"):
-        return int(info["batch_size"])
-    if "individual_losses" in info:
-        return len(info["individual_losses"])
+    """The local batch size, 0 if unknown (never raises: every process all-gathers it)."""
+    try:
+        if info.get("batch_size"):
+            return int(info["batch_size"])
+        if "individual_losses" in info:
+            return len(info["individual_losses"])
+    except Exception:
+        return 0
     return 0
 
 
@@ -136,6 +141,7 @@ class StepSync:
         )
         self.weight = self.shares.weight
         self.gradient = GlobalGradient(self.params, self.shares)
+        self.failure: str | None = None  # why no quantity runs (the same on every process)
 
     def close(self) -> None:
         """Remove the gradient hooks."""
@@ -281,7 +287,13 @@ class StepSync:
         out: Stats = {}
         for ident, per_param in plans.items():
             out[ident] = [None if p is None else p(reduced) for p in per_param]
-        grads = self.gradient.read(reduced)
+        try:
+            grads = self.gradient.read(reduced)
+        except GradientUnavailableError as err:  # on every process: run() records it
+            self.failure, grads = str(err), self.gradient.local
+            for ident in idents:
+                if rules[ident] == "project":
+                    missing.setdefault(ident, f"{by_ident[ident].describe()}: {err}.")
         projections = [by_ident[i] for i in idents if rules[i] == "project" and i not in missing]
         if projections:
             out.update(self.gradient.project(projections, stats, grads, missing))
@@ -351,6 +363,10 @@ class StepSync:
                 )
             return
         if not common:
+            return
+        if self.failure is not None:  # known to every process (the all-reduced flags)
+            failed = Outcome(False, GradientUnavailableError(self.failure))
+            tracker.record(step, common, [failed] * len(common))
             return
         lock = Lockstep(self.shares, int(table[:, 3].max()), len(common))
         if hvp is not None:

@@ -123,6 +123,8 @@ class GlobalGradient:
         self._handles = []
         self._slots: list[slice] | None = None
         self._check: slice | None = None
+        self._flag: slice | None = None
+        self._error: str | None = None  # why this process could not plan its part, if so
         self._grads: list[Tensor] = []
         if not shares.equal:  # DDP's average is not the global mean: keep the local gradient
             for i, p in enumerate(self.params):
@@ -137,6 +139,11 @@ class GlobalGradient:
 
         return hook
 
+    @property
+    def local(self) -> list[Tensor]:
+        """The local gradients as :meth:`plan` read them (zeros where it failed)."""
+        return list(self._grads)
+
     def close(self) -> None:
         """Remove the gradient hooks."""
         for h in self._handles:
@@ -144,24 +151,60 @@ class GlobalGradient:
         self._handles = []
 
     def plan(self, buf: ReduceBuffer) -> None:
-        """Put the weighted local gradient (unequal batches) or a checksum into ``buf``."""
+        """Put the weighted local gradient (unequal batches) or a checksum into ``buf``.
+
+        Its layout depends only on the parameters' sizes and the number of processes, the
+        same everywhere: if this process cannot form its part, it contributes zeros and a
+        flag instead, and :meth:`read` raises :class:`GradientUnavailableError` on every
+        process.
+        """
+        params, s = self.params, self.shares
+        try:
+            pieces = self._pieces()
+            failed = 0.0
+        except Exception as err:
+            self._error = f"{type(err).__name__}: {err}"
+            self._grads = [torch.zeros(p.shape, dtype=torch.float64) for p in params]
+            sizes = [int(p.numel()) for p in params] if not s.equal else [2]
+            pieces = [torch.zeros(n, dtype=torch.float64) for n in sizes]
+            failed = 1.0
+        if not s.equal:
+            self._slots = [buf.add(piece) for piece in pieces]
+        else:
+            self._check = buf.add_rows(pieces[0], [2] * s.world, s.rank)
+        flag = torch.tensor([failed], dtype=torch.float64)
+        self._flag = buf.add_rows(flag, [1] * s.world, s.rank)
+
+    def _pieces(self) -> list[Tensor]:
+        """The local part: the weighted gradient, or a two-number checksum of ``p.grad``."""
         params, s = self.params, self.shares
         if not s.equal:
-            self._grads = [
-                torch.zeros_like(p) if g is None else g for p, g in zip(params, self._local)
-            ]
-            self._local = [None] * len(params)
-            self._slots = [buf.add(g.reshape(-1) * s.weight) for g in self._grads]
-            return
+            local, self._local = self._local, [None] * len(params)
+            self._grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, local)]
+            return [g.reshape(-1) * s.weight for g in self._grads]
         self._grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params]
         checksum = torch.zeros(2, dtype=torch.float64)
         for g in self._grads:
             checksum += torch.stack([g.double().sum(), g.double().abs().sum()]).cpu()
-        self._check = buf.add_rows(checksum, [2] * s.world, s.rank)
+        return [checksum]
 
     def read(self, reduced: Tensor) -> list[Tensor]:
-        """``g`` per parameter from the all-reduced buffer (averaging it here if needed)."""
+        """``g`` per parameter from the all-reduced buffer (averaging it here if needed).
+
+        Raises:
+            GradientUnavailableError: On every process, if any could not plan its part.
+
+        """
         grads, s = self._grads, self.shares
+        if self._flag is not None:
+            flags = reduced[self._flag].cpu()
+            if bool((flags > 0).any()):
+                who = [r for r in range(s.world) if flags[r] > 0]
+                here = f" (here: {self._error})" if self._error is not None else ""
+                raise GradientUnavailableError(
+                    f"the global batch's gradient could not be formed: it failed on "
+                    f"process(es) {who}{here}; no quantity is computed at this step"
+                )
         if self._slots is not None:
             return [reduced[sl].to(g.dtype).reshape(g.shape) for g, sl in zip(grads, self._slots)]
         sums = reduced[self._check].reshape(s.world, 2)
@@ -291,6 +334,10 @@ class GlobalGradient:
             return torch.zeros(rows, device=self.shares.device)
         k = int(stat.fn(grad, param.detach()).shape[0])
         return torch.zeros(rows, k, device=self.shares.device)
+
+
+class GradientUnavailableError(RuntimeError):
+    """The global gradient of a step could not be formed (the same on every process)."""
 
 
 class OtherProcessError(RuntimeError):

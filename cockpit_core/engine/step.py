@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
+from torch import Tensor
 
 from cockpit_core.distributed.micro_batch_norms import gather_norms
+from cockpit_core.distributed.sharded import refusal as sharded_refusal
 from cockpit_core.engine import loop_checks, mixed_precision
 from cockpit_core.engine.accumulation import (
     batch_from_share,
@@ -21,14 +24,20 @@ from cockpit_core.engine.attention import MathAttentionHooks
 from cockpit_core.engine.hvp import HessianVectorProducts
 from cockpit_core.engine.keep_graph import KeepGraph
 from cockpit_core.engine.micro_batch_norms import NormRecorder
-from cockpit_core.engine.planner import Planner, Task
+from cockpit_core.engine.planner import Outcome, Planner, Task
 from cockpit_core.engine.tracker import Tracker
-from cockpit_core.errors import CockpitWarning, MissingInfoError, MisuseError
+from cockpit_core.errors import (
+    CockpitWarning,
+    MissingInfoError,
+    MisuseError,
+    UnsupportedModelError,
+)
 from cockpit_core.observe import NO_MODEL, how_to_pass
 from cockpit_core.observe.probe import ProbeResults
 from cockpit_core.quantity import Quantity
 from cockpit_core.requirements import MergedRequirements, merge_requirements
 from cockpit_core.statistics.projection import resolve_projections
+from cockpit_core.statistics.router import Identity, Results
 from cockpit_core.step_data import StepData
 
 
@@ -96,9 +105,11 @@ class StepRun:
         self.requests = tuple(requests)
         self.routed: dict[str, tuple[Any, ...]] = {}
         self.accumulate = accumulate  # several micro-batches: see cockpit_core.engine.accumulation
-        self._backend_ctx: contextlib.AbstractContextManager | None = None
-        self.stats: dict = {}
-        self.missing: dict = {}
+        self._backend_ctx: (
+            contextlib.AbstractContextManager[tuple[Results, dict[Identity, str]]] | None
+        ) = None
+        self.stats: Results = {}
+        self.missing: dict[Identity, str] = {}
         self.scaler: Any = None
         self.loss_scale = 1.0
         self.loss_gradients: list[mixed_precision.LossGradient] = []
@@ -107,9 +118,11 @@ class StepRun:
         self.merged: MergedRequirements = merge_requirements(())
         self.batch_size = 0
         self.unobserved: str | None = None
-        self.marks: Any = None
+        self.marks: list[loop_checks.GradientMark] = []
         self.sync: Any = None
         self.norms: NormRecorder | None = None  # each micro-batch's gradient norms, if needed
+        self.refusal: str | None = None  # why no quantity runs (sharded parameters), if so
+        self.refused: list[Task] = []  # the tasks that refusal keeps from running
         self._began = False  # tracker.begin_step ran: the tracker is in this step
         self._entered = False  # __enter__ finished: __exit__ has something to leave
 
@@ -177,6 +190,13 @@ class StepRun:
         unfrozen = self._watch_parameters()
         planner = tracker.planner
         self.tasks, self.merged = planner.plan(step)
+        # sharded parameters (FSDP2): decided from their types, the same on every process,
+        # so no process issues a collective that another skips (cockpit_core.distributed.sharded)
+        model = tracker.router.model if self.tasks else None  # listing it costs: tracked steps
+        self.refusal = sharded_refusal(tracker.params, tracker.param_names, model)
+        if self.refusal is not None:
+            self.refused, self.tasks = self.tasks, []
+            self.merged = merge_requirements(())
         if self.tasks:
             self._warn_removed()
         first = not self.accumulate and tracker.first_time("info")
@@ -214,7 +234,7 @@ class StepRun:
             )
             self.stats, self.missing = self._backend_ctx.__enter__()
         self.sync = None
-        if tracker.dist is not None:  # torch.distributed: learn every process's batch size
+        if tracker.dist is not None and self.refusal is None:  # every process's batch size
             self.sync = tracker.dist.begin(self.info, tracker.params)
         if not self.accumulate:  # the gradient backward sends into the loss: its scale
             self.loss_gradients.append(mixed_precision.LossGradient(self.info.get("loss")))
@@ -418,8 +438,8 @@ class StepRun:
         self.samples_seen += samples
         problem = self._total_batch(info, samples) if not self.batch_size else None
         ctx = None
-        stats: dict = {}
-        missing: dict = {}
+        stats: Results = {}
+        missing: dict[Identity, str] = {}
         if problem is not None:
             for stat in self.merged.statistics:
                 self.missing.setdefault(stat.identity, problem)
@@ -472,12 +492,17 @@ class StepRun:
             "mean_k * B_k / B)"
         )
 
-    def _cockpit_passes(self) -> contextlib.AbstractContextManager:
+    def _cockpit_passes(self) -> contextlib.AbstractContextManager[None]:
         """Forward passes of the model inside are cockpit's own (providers recomputing)."""
         observer = self.tracker.observer
         return observer.paused() if observer is not None else contextlib.nullcontext()
 
-    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         if not self._entered:  # __enter__ raised (and cleaned up) or never ran
             return False
         self._entered = False
@@ -492,7 +517,12 @@ class StepRun:
             if self.attention is not None:  # held by a backward pass that raised
                 self.attention.release()
 
-    def _exit(self, exc_type, exc, tb) -> Literal[False]:
+    def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         tracker = self.tracker
         exit_started = tracker.cost.clock()
         tracker.end_step(completed=exc_type is None)
@@ -551,6 +581,9 @@ class StepRun:
     def _finish(self, seen: list[float | None]) -> None:
         """After a block that did not raise: checks, the statistics' last steps, the quantities."""
         tracker, step = self.tracker, self.step
+        if self.refusal is not None:
+            self._refuse(self.refusal)
+            return
         if self.sync is None:
             self._forgive_frozen()
         factor = self._grad_factor()
@@ -615,6 +648,17 @@ class StepRun:
         finally:
             data.release()
 
+    def _refuse(self, reason: str) -> None:
+        """Record every task of the step as failed for ``reason``; warn once per Cockpit."""
+        if not self.refused:
+            return
+        note = " Training continues; each refused quantity is in cp.errors and the log."
+        self.tracker.policy.warn_once(("", "sharded"), reason + note)
+        err = UnsupportedModelError(reason)
+        with warnings.catch_warnings():  # the one warning above, not one per quantity
+            warnings.simplefilter("ignore", CockpitWarning)
+            self.tracker.record(self.step, self.refused, [Outcome(False, err)] * len(self.refused))
+
     def _probe_results(self) -> ProbeResults:
         """What the step's probes recorded, and for each that recorded nothing, why."""
         observer = self.tracker.observer
@@ -678,7 +722,7 @@ class StepRun:
             self.step, self.tasks, self.info, self.tracker.params, self.tracker.param_names, scale
         )
 
-    def _unscale_global(self, grads: list, factor: float) -> list:
+    def _unscale_global(self, grads: list[Tensor], factor: float) -> list[Tensor]:
         """Under ``torch.distributed``: unscale the global gradient; drop scaled projections."""
         if self.scaler is None or self.loss_scale == 1.0:
             return grads
