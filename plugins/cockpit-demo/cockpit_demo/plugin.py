@@ -6,7 +6,7 @@ from cockpit_demo.command import configure, run
 
 COCKPIT_PROTOCOL_VERSION = 1
 
-HELP = "train a small network on the bundled digits data with cockpit on"
+HELP = "train a small network with cockpit on: the digits MLP, or a nanoGPT (--model gpt)"
 """The one-line help of ``cockpit demo``."""
 
 

@@ -25,7 +25,9 @@ def test_cockpit_demo_help_shows_its_arguments(capsys):
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: cockpit demo ")
-    assert all(f"--{name}" in out for name in ("preset", "steps", "out", "seed", "compare-lr"))
+    assert all(
+        f"--{name}" in out for name in ("model", "preset", "steps", "out", "seed", "compare-lr")
+    )
 
 
 @pytest.mark.parametrize(
