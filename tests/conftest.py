@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from cockpit_core import default_registry
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -48,3 +51,9 @@ def fake_distribution(tmp_path, monkeypatch):
     for name in list(sys.modules):
         if name.startswith("fakeplug"):
             del sys.modules[name]
+    # a test that built the process-wide registry with the fake plugins installed must not
+    # leave them in it for later tests (e.g. `cockpit diagnose` would run their rules)
+    if str(site) in sys.path:
+        sys.path.remove(str(site))
+    importlib.invalidate_caches()
+    default_registry(refresh=True)
