@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from cockpit_core.statistics.combine import combine
+from cockpit_core.statistics.router import Identity, Results
 from cockpit_core.statistics.statistic import Statistic
 
 
@@ -78,10 +79,10 @@ def batch_from_share(loss: Any, losses: Any, samples: int) -> tuple[int, str]:
 
 def merge_stats(
     declared: Sequence[Statistic],
-    total: dict,
-    total_missing: dict,
-    stats: dict,
-    missing: dict,
+    total: Results,
+    total_missing: dict[Identity, str],
+    stats: Results,
+    missing: dict[Identity, str],
     share: float | None,
 ) -> None:
     """Combine one micro-batch's statistics into the step's, by each kind's combine rule.

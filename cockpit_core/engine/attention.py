@@ -32,7 +32,7 @@ DOUBLE_BACKWARD_HINT = (
 )
 
 
-def math_attention() -> contextlib.AbstractContextManager:
+def math_attention() -> contextlib.AbstractContextManager[None]:
     """Run ``scaled_dot_product_attention`` in its math kernel (batched by vmap, twice differentiable).
 
     The fused CPU kernel has no vmap batching rule (a slow per-sample fallback) and no
@@ -78,14 +78,16 @@ class MathAttentionHooks:
 
     def __init__(self, model: torch.nn.Module, active: Callable[[], bool]):
         self._active = active
-        self._stack: list = []
-        self._held: list = []  # kernels entered by backward passes that are running
+        # per forward pass running now: the kernel it entered (None: it kept the fused one)
+        self._stack: list[contextlib.AbstractContextManager[None] | None] = []
+        # kernels entered by backward passes that are running
+        self._held: list[contextlib.AbstractContextManager[None]] = []
         self._handles = [
             model.register_forward_pre_hook(self._enter),
             model.register_forward_hook(self._leave, always_call=True),
         ]
 
-    def _enter(self, module: torch.nn.Module, args: tuple) -> None:
+    def _enter(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         if torch.compiler.is_compiling():  # traced by torch.compile: tracked steps run eager
             return
         if not self._stack and not _in_backward():  # kernels of failed backward passes
@@ -96,7 +98,7 @@ class MathAttentionHooks:
             ctx.__enter__()
         self._stack.append(ctx)
 
-    def _leave(self, module: torch.nn.Module, args: tuple, output: object) -> None:
+    def _leave(self, module: torch.nn.Module, args: tuple[object, ...], output: object) -> None:
         if torch.compiler.is_compiling():
             return
         if self._stack:
@@ -118,7 +120,7 @@ class MathAttentionHooks:
             except RuntimeError:  # pragma: no cover - e.g. inside a torch.func transform
                 continue
 
-    def _backward_reached(self, grad_outputs: tuple) -> None:
+    def _backward_reached(self, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
         ctx = math_attention()
         ctx.__enter__()
         self._held.append(ctx)

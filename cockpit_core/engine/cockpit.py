@@ -315,7 +315,7 @@ class Cockpit:
         loss: torch.Tensor | None = None,
         info: Mapping[str, Any] | None = None,
         accumulate: bool = False,
-    ) -> contextlib.AbstractContextManager:
+    ) -> contextlib.AbstractContextManager[StepRun]:
         """Context manager around ``loss.backward()`` for ``step``.
 
         ``with cp(step, loss=loss): loss.backward()`` is all a loop needs when cockpit

@@ -9,6 +9,12 @@ from typing import Any
 
 import torch
 
+Shape = tuple[int, ...]
+"""A parameter's shape."""
+
+GradientMark = tuple[weakref.ref[torch.Tensor], int] | None
+"""What a ``p.grad`` was: a weak reference to it and its version (``None``: no gradient)."""
+
 
 def nonfinite_reason(
     info: Mapping[str, Any], params: Sequence[torch.Tensor], names: Sequence[str]
@@ -281,11 +287,11 @@ class ParameterWatch:
         self.shapes = [tuple(p.shape) for p in self.params]
         self.requires = [bool(p.requires_grad) for p in self.params]
 
-    def changes(self) -> tuple[list[int], list[int], list[tuple[int, tuple, tuple]]]:
+    def changes(self) -> tuple[list[int], list[int], list[tuple[int, Shape, Shape]]]:
         """``(frozen, unfrozen, reshaped)`` since the last call (indices; old and new shape)."""
         frozen: list[int] = []
         unfrozen: list[int] = []
-        reshaped: list[tuple[int, tuple, tuple]] = []
+        reshaped: list[tuple[int, Shape, Shape]] = []
         for i, p in enumerate(self.params):
             shape, requires = tuple(p.shape), bool(p.requires_grad)
             if shape != self.shapes[i]:
@@ -324,7 +330,7 @@ class ParameterWatch:
             "change describe different sets of parameters."
         )
 
-    def reshaped_message(self, step: int, reshaped: Sequence[tuple[int, tuple, tuple]]) -> str:
+    def reshaped_message(self, step: int, reshaped: Sequence[tuple[int, Shape, Shape]]) -> str:
         """The warning for parameters that changed shape."""
         shown = ", ".join(
             f"'{self.names[i]}' {list(old)} -> {list(new)}" for i, old, new in reshaped[:5]
@@ -347,16 +353,16 @@ class ParameterWatch:
         )
 
 
-def gradient_marks(params: Sequence[torch.Tensor]) -> list[tuple[Any, int] | None]:
+def gradient_marks(params: Sequence[torch.Tensor]) -> list[GradientMark]:
     """What each ``p.grad`` is now (a weak reference and its version), to see changes."""
-    marks: list[tuple[Any, int] | None] = []
+    marks: list[GradientMark] = []
     for p in params:
         g = p.grad
         marks.append(None if g is None else (weakref.ref(g), g._version))
     return marks
 
 
-def gradients_changed(params: Sequence[torch.Tensor], marks: list) -> bool:
+def gradients_changed(params: Sequence[torch.Tensor], marks: Sequence[GradientMark]) -> bool:
     """Whether some parameter's gradient was set or changed since :func:`gradient_marks`."""
     for p, mark in zip(params, marks):
         g = p.grad

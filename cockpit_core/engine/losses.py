@@ -269,7 +269,7 @@ def _per_sample(
     if elements.dtype in _HALF:
         elements = elements.float()
     if reduction == "sum":
-        count: Any = 1
+        count: int | Tensor = 1
     elif reduction == "batchmean":
         count = input.shape[0]
     elif reduction == "mean" and ignore_index is not None:
@@ -279,11 +279,11 @@ def _per_sample(
         count = elements.numel()
     else:
         raise ValueError(f"{what} has the reduction {reduction!r}, which cockpit does not know")
-    count = torch.as_tensor(count, dtype=elements.dtype, device=elements.device)
+    divisor = torch.as_tensor(count, dtype=elements.dtype, device=elements.device)
     if reduction != "none":
-        _check_reproduces(elements, count, result, what)
+        _check_reproduces(elements, divisor, result, what)
     rows = _sample_rows(elements, batch, input, scores, what)
-    return rows.sum(1) * (batch / count)
+    return rows.sum(1) * (batch / divisor)
 
 
 def _check_reproduces(elements: Tensor, count: Tensor, result: Any, what: str) -> None:

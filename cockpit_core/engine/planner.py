@@ -5,13 +5,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from cockpit_core.engine.compiled import EagerStance
 from cockpit_core.errors import CockpitWarning
 from cockpit_core.observe import ForwardObserver, observed_keys
 from cockpit_core.observe.probe import Probe
-from cockpit_core.quantity import Quantity
+from cockpit_core.quantity import Quantity, TwoStepQuantity
 from cockpit_core.requirements import MergedRequirements, Requirements, merge_requirements
 from cockpit_core.statistics.router import StatisticsRouter
 from cockpit_core.statistics.statistic import Statistic
@@ -36,10 +36,11 @@ class Task:
     def requirements(self) -> Requirements:
         """What this phase needs."""
         q = self.quantity
+        two = cast(TwoStepQuantity, q)  # the phases "start" and "end" are two-step quantities'
         if self.phase == "start":
-            return q.start_requirements()  # type: ignore[attr-defined]
+            return two.start_requirements()
         if self.phase == "end":
-            return q.end_requirements()  # type: ignore[attr-defined]
+            return two.end_requirements()
         return q.requirements()
 
 
@@ -104,7 +105,7 @@ class Planner:
         self.observer = observer
         self._pending: dict[str, tuple[int, Any]] = {}  # two-step key -> (start step, state)
         self._disabled: set[str] = set()
-        self._merged: dict[tuple, MergedRequirements] = {}
+        self._merged: dict[tuple[tuple[str, Requirements], ...], MergedRequirements] = {}
         self._planned: tuple[int, list[Task], MergedRequirements] | None = None
         self._unsure = False  # the last tasks() call met a raising schedule
         self._last: int | None = None  # the step that planned the forward pass last

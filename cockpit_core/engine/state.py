@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from cockpit_core.config.quantities import quantity_entry
+from cockpit_core.diagnosing.runner import DiagnosisRunner
 from cockpit_core.diagnosis import Finding
 from cockpit_core.engine.tracker import Tracker
 from cockpit_core.errors import CockpitWarning, MisuseError, StateError
@@ -192,9 +193,10 @@ def _quantity_state(tracker: Tracker, q: Quantity) -> dict[str, Any]:
     return entry
 
 
-def _runner_state(runner: Any) -> dict[str, Any] | None:
+def _runner_state(runner: DiagnosisRunner) -> dict[str, Any] | None:
     try:
-        return to_plain(runner.state_dict(), "diagnoses")
+        state: dict[str, Any] = to_plain(runner.state_dict(), "diagnoses")  # of a dict: a dict
+        return state
     except TypeError as err:  # an odd value in the window: the resumed run starts it afresh
         warnings.warn(f"cockpit: the diagnoses' window is not saved: {err}.", CockpitWarning, 3)
         return None

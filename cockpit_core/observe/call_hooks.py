@@ -33,7 +33,11 @@ class CallMode(TorchFunctionMode):
         self.hooks = hooks
 
     def __torch_function__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        self,
+        func: Callable[..., Any],
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
@@ -72,7 +76,7 @@ class CallHooks:
         self.depth = 0  # nesting of the model's own calls while the mode is on
         self.passes = 0  # forward passes watched since the last take
 
-    def __deepcopy__(self, memo: dict) -> CallHooks:
+    def __deepcopy__(self, memo: dict[int, object]) -> CallHooks:
         """Itself: a copy of the model keeps hooks that ignore it (its modules are unknown)."""
         return self
 
@@ -140,7 +144,7 @@ class CallHooks:
 
     # -- the hooks --------------------------------------------------------------------------
 
-    def _enter(self, module: torch.nn.Module, args: tuple) -> None:
+    def _enter(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if id(module) not in self.names:  # a deep copy of the model carries the hook
             return
         if module is self.model:
@@ -154,7 +158,7 @@ class CallHooks:
         if self.mode is not None:
             self.stack.append(module)
 
-    def _leave(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+    def _leave(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if self.mode is None or id(module) not in self.names:
             return
         for i in range(len(self.stack) - 1, -1, -1):  # its own entry, innermost first
@@ -172,7 +176,12 @@ class CallHooks:
         self.mode, self.stack, self.depth = None, [], 0
 
     def called(
-        self, func: Any, probes: tuple[Probe, ...], args: tuple, kwargs: dict, result: Any
+        self,
+        func: Callable[..., Any],
+        probes: tuple[Probe, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        result: Any,
     ) -> None:
         """A watched function returned: run the probes that read its owner."""
         if not self.watching() or in_backward():

@@ -28,8 +28,8 @@ class LossCall:
     """
 
     fn: Any
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     result: Any
 
 
@@ -76,7 +76,9 @@ class Observed:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def record_call(signature: inspect.Signature | None, args: tuple, kwargs: dict) -> ForwardPass:
+def record_call(
+    signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ForwardPass:
     """The batch size, the targets and the inputs of a call ``model(*args, **kwargs)``."""
     batch = 0
     direct = [*args, *kwargs.values()]  # the common case: a tensor argument
@@ -112,7 +114,7 @@ def forward_signature(model: torch.nn.Module) -> inspect.Signature | None:
 
 
 def target_of(
-    signature: inspect.Signature | None, args: tuple, kwargs: Mapping[str, Any]
+    signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> tuple[int | None, str | None]:
     """Where the targets are in a call: ``(position, None)``, ``(None, keyword)`` or neither."""
     for name in TARGET_NAMES:

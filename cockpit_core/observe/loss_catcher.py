@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +27,11 @@ class LossCatcher(TorchFunctionMode):
         self.base = base_of(seen.scores) if seen.scores is not None else None
 
     def __torch_function__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        self,
+        func: Callable[..., Any],
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         """Run ``func``; record it if it is a loss on the watched output."""
         kwargs = kwargs or {}

@@ -50,7 +50,7 @@ class ForwardObserver:
         self._catcher: LossCatcher | None = None
         self.probes = ProbeHooks(self._watching)
 
-    def __deepcopy__(self, memo: dict) -> ForwardObserver:
+    def __deepcopy__(self, memo: dict[int, object]) -> ForwardObserver:
         """The observer itself: a copy of the model (``cp.check``) keeps inert hooks."""
         return self
 
@@ -266,7 +266,9 @@ class ForwardObserver:
             return False
         return transform_level() is None  # torch.func transforms: a provider's own pass
 
-    def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def _before(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         if module is not self.model:  # a deep copy of the model carries this hook
             return
         if self._depth:
@@ -279,7 +281,9 @@ class ForwardObserver:
         self._passes.append(record_call(self._signature, args, kwargs))
         del self._passes[:-KEEP_PASSES]
 
-    def _after(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _after(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         if module is not self.model or not self._depth:
             return
         self._depth -= 1
@@ -302,7 +306,9 @@ class ForwardObserver:
             self._catcher = LossCatcher(seen)
             push_under(self._catcher)
 
-    def _loss_called(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _loss_called(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         spec = self.loss
         if spec is None or module is not spec.module or self._depth or not self._watching():
             return

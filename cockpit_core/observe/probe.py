@@ -28,7 +28,7 @@ Select = Callable[[str, torch.nn.Module], bool]
 """``select(name, module)``: whether the probe reads ``module`` (``name`` as in
 ``model.named_modules()``, ``""`` for the model itself)."""
 
-Reduce = Callable[[torch.nn.Module, tuple, Any], Any]
+Reduce = Callable[[torch.nn.Module, tuple[Any, ...], Any], Any]
 """``reduce(module, inputs, output)``: what the probe keeps of one call of ``module``
 (tensors on the output's device; no ``.item()``, no ``.cpu()``). For a probe with
 ``functions``: ``reduce(owner, call, result)`` with ``call`` a :class:`FunctionCall`."""
@@ -45,7 +45,7 @@ class FunctionCall(NamedTuple):
     """
 
     function: Callable[..., Any]
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
 
 

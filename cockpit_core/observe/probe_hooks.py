@@ -99,7 +99,12 @@ class ProbeHooks:
         self.calls.close()
 
     def _called(
-        self, name: str, probes: tuple[Probe, ...], module: torch.nn.Module, args: tuple, out: Any
+        self,
+        name: str,
+        probes: tuple[Probe, ...],
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        out: Any,
     ) -> None:
         if self.hooked.get(id(module)) != name:  # a deep copy of the model carries the hook
             return

@@ -190,7 +190,7 @@ def smooth(values: np.ndarray, window: int | None = None, *, log: bool = False) 
     high = np.clip(np.arange(n) + half + 1, 0, n)
     count = counts[high] - counts[low]
     with np.errstate(divide="ignore", invalid="ignore"):
-        mean = (sums[high] - sums[low]) / count
+        mean: np.ndarray = (sums[high] - sums[low]) / count
     if usable.any():  # rounding of the running sums must not leave the data's range
         mean = np.clip(mean, y[usable].min(), y[usable].max())
     if log:

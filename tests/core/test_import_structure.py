@@ -296,3 +296,21 @@ def test_mypy_checks_the_core_and_every_plugin():
     checked = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"])
     packages = {str(d.package.relative_to(ROOT)) for d in DISTRIBUTIONS}
     assert packages <= checked, f"add to [tool.mypy] files in pyproject.toml: {packages - checked}"
+
+
+STRICT_FLAGS = ("disallow_untyped_defs", "disallow_any_generics", "warn_return_any")
+"""Three of the strict flags the pyproject's override sets (the rest travel with them)."""
+
+
+def test_mypy_strict_flags_cover_the_core_and_every_plugin():
+    overrides = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = {
+        module
+        for o in overrides
+        if all(o.get(flag) is True for flag in STRICT_FLAGS)
+        for module in o["module"]
+    }
+    missing = sorted(d.package.name for d in DISTRIBUTIONS if f"{d.package.name}.*" not in strict)
+    assert not missing, f"add to the strict [[tool.mypy.overrides]] of pyproject.toml: {missing}"
+    relaxed = [o["module"] for o in overrides if any(o.get(f) is False for f in STRICT_FLAGS)]
+    assert not relaxed, f"mypy's strict flags are turned off again for {relaxed}"

@@ -161,7 +161,9 @@ class Activations(Quantity):
         key = f"activations(types={c.types},names={c.names},low_precision={c.low_precision})"
         dtypes = self.dtypes
 
-        def reduce(module: torch.nn.Module, inputs: tuple, output: Any) -> CallStats | None:
+        def reduce(
+            module: torch.nn.Module, inputs: tuple[Any, ...], output: Any
+        ) -> CallStats | None:
             return reduce_output(output, dtypes)
 
         return Probe(key, ModuleSelection(c.types, c.names), reduce)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Chart, Each, Instrument, last, series, short_names
+from cockpit_core.panel import Chart, Each, Instrument, Output, last, series, short_names
 from cockpit_core.panel.style import PRIMARY, SECONDARY, TERTIARY, finish, line, message, positive
 
 TOPIC = "forward pass"
@@ -22,7 +22,7 @@ LEGEND_MODULES = 6
 
 
 def module_series(
-    output: Mapping[int, Mapping[str, Any]], name: str, field: str
+    output: Output, name: str, field: str
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """``(steps, modules, values[step, module])`` of a per-module array of ``activations``.
 
@@ -70,7 +70,7 @@ def _labelled(table: np.ndarray) -> set[int]:
 
 
 def draw_per_module(
-    ax: Any, output: Any, header: Any, field: str, ylabel: str, wide: float = 1.0
+    ax: Any, output: Output, header: Mapping[str, Any], field: str, ylabel: str, wide: float = 1.0
 ) -> None:
     """One line per module of ``activations[field]``.
 
@@ -92,17 +92,17 @@ def draw_per_module(
     ax.legend(fontsize=5.5, loc="best", ncol=2, framealpha=0.5)
 
 
-def draw_rms(ax: Any, output: Any, header: Any) -> None:
+def draw_rms(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """RMS of each selected module's output over the steps (log y-axis; colour: module order)."""
     draw_per_module(ax, output, header, "rms", "RMS of the output")
 
 
-def draw_amax(ax: Any, output: Any, header: Any) -> None:
+def draw_amax(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Largest magnitude of each selected module's output (log y-axis beyond a factor 20)."""
     draw_per_module(ax, output, header, "amax", "max |output|", wide=20.0)
 
 
-def draw_logits(ax: Any, output: Any, header: Any) -> None:
+def draw_logits(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Mean and max of log Z over the positions and the largest logit, over the steps."""
     for field, color, label in (
         ("log_z_mean", PRIMARY, "mean log Z"),

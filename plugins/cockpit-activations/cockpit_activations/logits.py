@@ -101,7 +101,7 @@ class Logits(Quantity):
     def probe(self) -> Probe:
         """The probe on the model's output (shared by every ``logits`` quantity)."""
 
-        def reduce(module: torch.nn.Module, inputs: tuple, output: Any) -> LogitsCall:
+        def reduce(module: torch.nn.Module, inputs: tuple[Any, ...], output: Any) -> LogitsCall:
             return reduce_logits(output)
 
         return Probe("logits(log_z,max)", model_itself, reduce)

@@ -10,11 +10,12 @@ far side at the starting height. A step's ``alpha`` is where it lands.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Chart, Instrument, scalar, values
+from cockpit_core.panel import Chart, Instrument, Output, scalar, values
 from cockpit_core.panel.style import BAD, MUTED, PRIMARY, SECONDARY
 
 LIMIT = 1.5
@@ -22,7 +23,7 @@ LIMIT = 1.5
 counted in red captions (``"13 steps < -1.5"``)."""
 
 
-def alphas(output: Any) -> tuple[np.ndarray, np.ndarray]:
+def alphas(output: Output) -> tuple[np.ndarray, np.ndarray]:
     """``(steps, alpha)`` of every tracked step (NaN where a fit failed)."""
     entries = values(output, "alpha")
     steps = np.asarray([s for s, _ in entries], dtype=float)
@@ -30,7 +31,7 @@ def alphas(output: Any) -> tuple[np.ndarray, np.ndarray]:
     return steps, vals
 
 
-def draw_alpha(ax: Any, output: Any, header: Any) -> None:
+def draw_alpha(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Unit parabola, the alpha distribution (all steps grey, last 10% orange) and gauges."""
     _, a = alphas(output)
     a = a[np.isfinite(a)]

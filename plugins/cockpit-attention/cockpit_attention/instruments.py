@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Chart, Each, Instrument, short_names
+from cockpit_core.panel import Chart, Each, Instrument, Output, short_names
 from cockpit_core.panel.style import BAD, finish, line, log_if_wide, message
 
 TOPIC = "forward pass"
@@ -22,7 +22,7 @@ LEGEND_LAYERS = 6
 
 
 def layer_series(
-    output: Mapping[int, Mapping[str, Any]], field: str, over_heads: Callable[..., Any]
+    output: Output, field: str, over_heads: Callable[..., Any]
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """``(steps, layers, values[step, layer])``: ``over_heads`` of each layer's ``field``.
 
@@ -54,7 +54,7 @@ def layer_series(
 
 
 def _draw_layers(
-    ax: Any, output: Any, field: str, over_heads: Callable[..., Any]
+    ax: Any, output: Output, field: str, over_heads: Callable[..., Any]
 ) -> tuple[np.ndarray, np.ndarray]:
     """One line per layer (first layer dark, last light); returns the steps and table drawn."""
     from matplotlib import colormaps
@@ -72,7 +72,7 @@ def _draw_layers(
     return steps, table
 
 
-def draw_max_logit(ax: Any, output: Any, header: Any) -> None:
+def draw_max_logit(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Largest attention logit of each layer (max over its heads) over the steps."""
     _, table = _draw_layers(ax, output, "max_logit", np.max)
     if table.size == 0:
@@ -83,7 +83,7 @@ def draw_max_logit(ax: Any, output: Any, header: Any) -> None:
     ax.legend(fontsize=5.5, loc="best", ncol=2, framealpha=0.5)
 
 
-def draw_entropy(ax: Any, output: Any, header: Any) -> None:
+def draw_entropy(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Lowest mean attention entropy of each layer's heads, and the min over layers."""
     steps, table = _draw_layers(ax, output, "entropy", np.min)
     if table.size == 0:

@@ -6,6 +6,7 @@ panel's quantities (see :class:`cockpit_core.instrument.Instrument`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from cockpit_basic.lr_relation import headroom, learning_rates, lr_relation
 from cockpit_core.panel import (
     Chart,
     Instrument,
+    Output,
     last,
     metric_series,
     param_names,
@@ -32,7 +34,7 @@ from cockpit_core.panel.style import (
 )
 
 
-def draw_loss(ax: Any, output: Any, header: Any) -> None:
+def draw_loss(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Mini-batch loss (grey) and its moving average over the tracked points (blue)."""
     steps, loss = series(output, "loss", None)
     ax.plot(steps, loss, color=MUTED, lw=0.7, alpha=0.8, label="mini-batch loss")
@@ -54,12 +56,12 @@ PERFORMANCE_METRICS: tuple[str, ...] = tuple(
 """The metrics of ``cp.log`` the Performance panel draws (Cockpit 1.0.2's names)."""
 
 
-def has_performance_metrics(output: Any) -> bool:
+def has_performance_metrics(output: Output) -> bool:
     """Whether some step's metrics hold a loss or accuracy the Performance panel draws."""
     return any(len(metric_series(output, name)[0]) for name in PERFORMANCE_METRICS)
 
 
-def _draw_split_metrics(ax: Any, output: Any, what: str, color: str, short: str) -> list[Any]:
+def _draw_split_metrics(ax: Any, output: Output, what: str, color: str, short: str) -> list[Any]:
     """Lines of ``<split>_<what>`` for each logged split; labels show the latest value."""
     handles = []
     for split, style, marker in SPLITS:
@@ -81,7 +83,7 @@ def _draw_split_metrics(ax: Any, output: Any, what: str, color: str, short: str)
     return handles
 
 
-def _mark_epochs(ax: Any, output: Any) -> None:
+def _mark_epochs(ax: Any, output: Output) -> None:
     """Epoch numbers (``epoch_count``) on a top axis at the steps they were logged."""
     steps, epochs = metric_series(output, "epoch_count")
     keep = np.isfinite(epochs)
@@ -95,7 +97,7 @@ def _mark_epochs(ax: Any, output: Any) -> None:
     top.set_xlabel("epoch", fontsize=7, labelpad=1)
 
 
-def draw_performance(ax: Any, output: Any, header: Any) -> None:
+def draw_performance(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Train/valid/test loss (blue, left axis) and accuracy (orange, right axis) over steps.
 
     As Cockpit 1.0.2's performance plot, from the metrics of ``cp.log``: train solid,
@@ -125,7 +127,7 @@ def draw_performance(ax: Any, output: Any, header: Any) -> None:
     )
 
 
-def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
+def draw_effective_lr(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Update size over gradient norm, ``||θ_{t+1} - θ_t|| / ||g_t||``, and the optimizer's lr.
 
     The learning rate (orange, dashed) comes from ``optimizer_hparams`` when tracked; the
@@ -157,7 +159,7 @@ def draw_effective_lr(ax: Any, output: Any, header: Any) -> None:
     )
 
 
-def draw_grad_norm(ax: Any, output: Any, header: Any) -> None:
+def draw_grad_norm(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Total gradient norm over steps with a moving average."""
     steps, norm = series(output, "grad_norm")
     ax.plot(steps, norm, color=MUTED, lw=0.7, alpha=0.8, label=r"$\|g\|$")
@@ -166,7 +168,9 @@ def draw_grad_norm(ax: Any, output: Any, header: Any) -> None:
     finish(ax, ylabel="gradient norm", legend=True)
 
 
-def draw_per_layer(ax: Any, output: Any, header: Any, name: str, ylabel: str) -> None:
+def draw_per_layer(
+    ax: Any, output: Output, header: Mapping[str, Any], name: str, ylabel: str
+) -> None:
     """One line per parameter of a ``{"total", "per_param"}`` quantity (top 8 labelled)."""
     steps, per = per_param_series(output, name)
     if per.size == 0:
@@ -191,7 +195,7 @@ def _cmap(n: int) -> list[Any]:
     return [cm(x) for x in np.linspace(0.0, 0.9, max(n, 1))]
 
 
-def draw_distance(ax: Any, output: Any, header: Any) -> None:
+def draw_distance(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Distance from the start (left axis) and update size (right axis)."""
     handles = []
     if any("distance" in v for v in output.values()):
@@ -212,7 +216,7 @@ def draw_distance(ax: Any, output: Any, header: Any) -> None:
     finish(ax)  # the axis labels carry the colours of their curves: no legend over the data
 
 
-def draw_parameters(ax: Any, output: Any, header: Any) -> None:
+def draw_parameters(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Norm of each parameter tensor over steps (from the ``parameters`` snapshots)."""
     steps, rows = [], []
     for step in sorted(output):
@@ -224,7 +228,7 @@ def draw_parameters(ax: Any, output: Any, header: Any) -> None:
     draw_per_layer(ax, fake, header, "p", r"$\|\theta_i\|$")
 
 
-def draw_time(ax: Any, output: Any, header: Any) -> None:
+def draw_time(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Seconds per training step between consecutive tracked steps."""
     steps, t = series(output, "time", None)
     if len(steps) < 2:

@@ -18,6 +18,7 @@ import numpy as np
 from cockpit_core.panel import (
     Chart,
     Instrument,
+    Output,
     Threshold,
     param_names,
     per_param_series,
@@ -49,7 +50,7 @@ def _eigenvalue(value: Any) -> float:
         return float("nan")
 
 
-def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
+def draw_max_ev(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Largest Hessian eigenvalue over steps, further top-k eigenvalues thin, misses in red.
 
     Steps where the Lanczos iteration stopped at ``max_iter`` before converging are circled
@@ -87,7 +88,13 @@ def draw_max_ev(ax: Any, output: Any, header: Any) -> None:
 
 
 def _error_band(
-    ax: Any, output: Any, name: str, steps: Any, value: Any, color: str, label: str
+    ax: Any,
+    output: Output,
+    name: str,
+    steps: np.ndarray,
+    value: np.ndarray,
+    color: str,
+    label: str,
 ) -> None:
     """A band of +-2 standard errors (about 95% for an approximately normal estimate).
 
@@ -109,7 +116,7 @@ def _error_band(
         )
 
 
-def draw_trace(ax: Any, output: Any, header: Any) -> None:
+def draw_trace(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Hessian trace in total (bold) and per parameter (thin lines).
 
     Randomized estimates (``method`` ``hutchinson``, ``hutchpp`` or ``xtrace``) carry
@@ -142,7 +149,7 @@ def draw_trace(ax: Any, output: Any, header: Any) -> None:
     ax.legend(fontsize=6, ncol=2, loc="best", framealpha=0.6)
 
 
-def draw_tic(ax: Any, output: Any, header: Any) -> None:
+def draw_tic(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """TIC approximations over steps (diagonal and trace variant, whichever were tracked).
 
     With an estimated Hessian diagonal (``curvature`` ``hutchinson`` or ``xdiag``) each

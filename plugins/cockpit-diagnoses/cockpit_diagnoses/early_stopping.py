@@ -44,16 +44,13 @@ class EarlyStopping(Diagnosis):
         if len(value) < w:
             return []
         means = np.convolve(value, np.ones(w) / w, "valid")
-        stretches: list[list] = []  # [first, last, end index, largest mean]
+        stretches: list[tuple[int, int, int, float]] = []  # first, last, end index, largest mean
         for i in np.nonzero(means > cfg.level)[0].tolist():
             if stretches and i <= stretches[-1][2] + 1:
-                stretches[-1][1:] = [
-                    int(steps[i + w - 1]),
-                    i + w - 1,
-                    max(stretches[-1][3], means[i]),
-                ]
+                first, _, _, peak = stretches[-1]
+                stretches[-1] = (first, int(steps[i + w - 1]), i + w - 1, max(peak, means[i]))
             else:
-                stretches.append([int(steps[i]), int(steps[i + w - 1]), i + w - 1, means[i]])
+                stretches.append((int(steps[i]), int(steps[i + w - 1]), i + w - 1, means[i]))
         return [
             self.finding(
                 "",

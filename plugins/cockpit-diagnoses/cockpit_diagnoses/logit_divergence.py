@@ -74,7 +74,10 @@ class LogitDivergence(Diagnosis):
         cfg = self.config
 
         def flag(values: np.ndarray, ref: float) -> np.ndarray:
-            return (np.abs(values) > cfg.limit) & (np.abs(values) - abs(ref) > cfg.drift)
+            flagged: np.ndarray = (np.abs(values) > cfg.limit) & (
+                np.abs(values) - abs(ref) > cfg.drift
+            )
+            return flagged
 
         stretches, judged = reference_stretches(
             {"log_z_mean": window.finite_series("logits", "log_z_mean")},

@@ -43,7 +43,8 @@ class LossPlateau(Diagnosis):
         cfg = self.config
         steps, loss = window.finite_series("loss")
         w = cfg.window
-        stretches: list[list] = []
+        # first, last, end index; the first window's trend start, end and relative decrease
+        stretches: list[tuple[int, int, int, float, float, float]] = []
         if len(loss) < w:
             return []
         start, end = trend_ends(steps.astype(np.float64), loss, w)
@@ -51,18 +52,19 @@ class LossPlateau(Diagnosis):
             drop = np.where(start != 0, (start - end) / np.abs(start), 0.0)
         for i in np.nonzero(drop < cfg.min_decrease)[0].tolist():
             if stretches and i <= stretches[-1][2] + 1:
-                stretches[-1][1:3] = [int(steps[i + w - 1]), i + w - 1]
+                old = stretches[-1]
+                stretches[-1] = (old[0], int(steps[i + w - 1]), i + w - 1, old[3], old[4], old[5])
             else:
                 stretches.append(
-                    [int(steps[i]), int(steps[i + w - 1]), i + w - 1, start[i], end[i], drop[i]]
+                    (int(steps[i]), int(steps[i + w - 1]), i + w - 1, start[i], end[i], drop[i])
                 )
         found = []
-        for first, last, _, start, end, drop in stretches:
-            message, suggestion, advice = plateau_wording(float(start), float(end), w)
+        for first, last, _, trend_start, trend_end, decrease in stretches:
+            message, suggestion, advice = plateau_wording(float(trend_start), float(trend_end), w)
             evidence = {
-                "trend_start": start,
-                "trend_end": end,
-                "relative_decrease": drop,
+                "trend_start": trend_start,
+                "trend_end": trend_end,
+                "relative_decrease": decrease,
                 "min_decrease": cfg.min_decrease,
                 "window": w,
             }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 from pydantic import Field
 
@@ -20,6 +22,13 @@ class VanishingGradientsConfig(RelativeDropConfig):
         lt=1.0,
         description="Report a norm below this share of the parameter's reference norm.",
     )
+
+
+class _Stretch(TypedDict):
+    """Parameters whose gradients vanished from one first step on: each one's evidence."""
+
+    last: int
+    parameters: dict[str, dict[str, float]]  # name -> {"reference": ..., "median": ...}
 
 
 class VanishingGradients(Diagnosis):
@@ -53,7 +62,7 @@ class VanishingGradients(Diagnosis):
         names = window.param_names
         if len(names) != norms.shape[1]:
             names = [f"parameter {i}" for i in range(norms.shape[1])]
-        by_first: dict[int, dict] = {}
+        by_first: dict[int, _Stretch] = {}
         for i, name in enumerate(names):
             ref = reference_value(norms[:, i], cfg.reference)
             if not np.isfinite(ref) or ref <= 0:

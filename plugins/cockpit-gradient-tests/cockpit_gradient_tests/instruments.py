@@ -6,11 +6,12 @@ totals over steps (see ``docs/dashboard.md`` for how to read them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Chart, Instrument, last, scalar, series, smooth
+from cockpit_core.panel import Chart, Instrument, Output, last, scalar, series, smooth
 from cockpit_core.panel.style import (
     BAD,
     MUTED,
@@ -29,7 +30,7 @@ TESTS = (
 )
 
 
-def draw_gradient_tests(ax: Any, output: Any, header: Any) -> None:
+def draw_gradient_tests(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Test values over steps (left) and the last step's acceptance regions (right).
 
     Right: the norm test is a disc of radius ``theta``, the inner-product test a horizontal
@@ -85,7 +86,7 @@ def _sparse_symlog_ticks(geo: Any) -> None:
     geo.grid(True, which="both", ls=":", lw=0.5)
 
 
-def draw_mean_gsnr(ax: Any, output: Any, header: Any) -> None:
+def draw_mean_gsnr(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Mean gradient signal-to-noise ratio with a moving average (geometric on a log axis)."""
     steps, gsnr = series(output, "mean_gsnr")
     ax.plot(steps, gsnr, color=MUTED, lw=0.7, label="GSNR")
@@ -94,7 +95,7 @@ def draw_mean_gsnr(ax: Any, output: Any, header: Any) -> None:
     finish(ax, ylabel="mean GSNR", legend=True)
 
 
-def draw_early_stopping(ax: Any, output: Any, header: Any) -> None:
+def draw_early_stopping(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """The evidence-based criterion; above 0 (red) the gradient is indistinguishable from noise."""
     steps, crit = series(output, "early_stopping")
     ax.plot(steps, crit, color=MUTED, lw=0.7, label="criterion")
@@ -106,7 +107,7 @@ def draw_early_stopping(ax: Any, output: Any, header: Any) -> None:
     finish(ax, ylabel="criterion (> 0: stop)", legend=True)
 
 
-def draw_cabs(ax: Any, output: Any, header: Any) -> None:
+def draw_cabs(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Batch size suggested by CABS over steps."""
     steps, size = series(output, "cabs")
     ax.plot(steps, size, color=MUTED, lw=0.7, label="suggested")

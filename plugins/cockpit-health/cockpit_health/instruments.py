@@ -7,6 +7,7 @@ used through the ``Axes`` handed in (and its colour maps, imported when a panel 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from cockpit_core.panel import (
     Each,
     Instrument,
     Line,
+    Output,
     param_names,
     per_param_series,
     series,
@@ -49,7 +51,9 @@ def _colors(count: int) -> list[Any]:
     return [cmap(x) for x in np.linspace(0.0, 0.9, max(count, 1))]
 
 
-def _draw_layers(ax: Any, header: Any, steps: np.ndarray, per: np.ndarray, **kwargs: Any) -> None:
+def _draw_layers(
+    ax: Any, header: Mapping[str, Any], steps: np.ndarray, per: np.ndarray, **kwargs: Any
+) -> None:
     """One thin line per parameter, the first :data:`LABELLED_LAYERS` named in the legend."""
     names = param_names(header, per.shape[1])
     for j, color in enumerate(_colors(per.shape[1])):
@@ -58,7 +62,7 @@ def _draw_layers(ax: Any, header: Any, steps: np.ndarray, per: np.ndarray, **kwa
         mark_nonfinite(ax, steps, per[:, j])
 
 
-def draw_update_ratio(ax: Any, output: Any, header: Any) -> None:
+def draw_update_ratio(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """``||Δθ_i|| / ||θ_i||`` per parameter (thin) and in total (thick), log scale.
 
     The shaded band marks the usual healthy range ``1e-4 .. 1e-2`` around ``1e-3``.
@@ -78,7 +82,7 @@ def draw_update_ratio(ax: Any, output: Any, header: Any) -> None:
         ax.legend(fontsize=6, loc="best", ncol=2, framealpha=0.6)
 
 
-def draw_param_norm(ax: Any, output: Any, header: Any) -> None:
+def draw_param_norm(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Total parameter norm ``||θ||`` over steps with a moving average."""
     steps, norm = series(output, "param_norm")
     ax.plot(steps, norm, color=MUTED, lw=0.7, alpha=0.8, label=r"$\|\theta\|$")
@@ -88,7 +92,7 @@ def draw_param_norm(ax: Any, output: Any, header: Any) -> None:
     finish(ax, ylabel="parameter norm", legend=True)
 
 
-def draw_param_norm_layers(ax: Any, output: Any, header: Any) -> None:
+def draw_param_norm_layers(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """``||θ_i||`` of each parameter over steps (the first eight labelled)."""
     steps, per = per_param_series(output, "param_norm")
     if per.size == 0:
@@ -101,7 +105,7 @@ def draw_param_norm_layers(ax: Any, output: Any, header: Any) -> None:
         ax.legend(fontsize=6, loc="best", ncol=2, framealpha=0.6)
 
 
-def _noise_scale_arrays(output: Any) -> dict[str, np.ndarray]:
+def _noise_scale_arrays(output: Output) -> dict[str, np.ndarray]:
     """Steps and each field of ``noise_scale`` as float arrays (NaN where one is missing)."""
     rows = values(output, "noise_scale")
     fields = ("b_simple", "se", "trace_cov", "grad_sq", "batch_size")
@@ -114,7 +118,7 @@ def _noise_scale_arrays(output: Any) -> dict[str, np.ndarray]:
     return arrays
 
 
-def draw_noise_scale(ax: Any, output: Any, header: Any) -> None:
+def draw_noise_scale(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """``B_simple`` with a ± standard-error band, its step-averaged form and the batch size.
 
     The dashed line divides moving averages of ``tr(Σ)`` and ``|G|²``, McCandlish et al.'s

@@ -71,7 +71,7 @@ class NoiseScale(Quantity):
     name = "noise_scale"
     REQUIREMENTS = Requirements(statistics=(BATCH_L2, BATCH_PROJECTION))
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, float]:
         """Return ``{"b_simple", "se", "trace_cov", "grad_sq", "batch_size"}``."""
         sq_norms = _summed(ctx.stat(BATCH_L2))  # |g_n|^2, [B]
         projections = _summed(ctx.stat(BATCH_PROJECTION))  # g_n . g, [B]
@@ -96,7 +96,7 @@ class NoiseScale(Quantity):
 
 def noise_scale_estimates(
     sq_norms: Tensor, projections: Tensor, grad_sq: Tensor, batch_size: int
-) -> dict:
+) -> dict[str, float]:
     """The outputs of :class:`NoiseScale` from the summed per-sample statistics.
 
     Args:

@@ -94,7 +94,7 @@ class NoiseScaleCheap(Quantity):
     REQUIREMENTS = Requirements(info=frozenset({"batch_size"}), micro_batch_norms=True)
     _warned = False  # about a step with one micro-batch (once per instance)
 
-    def compute(self, ctx: StepContext) -> dict:
+    def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the estimates and the batch sizes they come from."""
         norms = ctx.micro_batch_norms
         sizes = norms.samples
@@ -148,7 +148,7 @@ class NoiseScaleCheap(Quantity):
             out.update(self._averages(ctx, out["trace_cov"], out["grad_sq"]))
         return out
 
-    def _averages(self, ctx: StepContext, trace: float, signal: float) -> dict:
+    def _averages(self, ctx: StepContext, trace: float, signal: float) -> dict[str, float]:
         """Update the moving averages with this step's estimates (unless NaN); return them."""
         beta = self.config.ema
         state = ctx.cache.get("ema", {"trace": 0.0, "signal": 0.0, "steps": 0})

@@ -14,11 +14,12 @@ Counts are shown as ``log10(1 + count)``: gradient histograms span many orders o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from cockpit_core.panel import Chart, Instrument, last, param_names, values
+from cockpit_core.panel import Chart, Instrument, Output, last, param_names, values
 from cockpit_core.panel.style import BAD, MUTED, PRIMARY, finish, message
 
 CMAP = "Blues"
@@ -39,7 +40,7 @@ def _nonfinite_note(ax: Any, value: Any) -> None:
         )
 
 
-def draw_hist_1d(ax: Any, output: Any, header: Any) -> None:
+def draw_hist_1d(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Histogram of the last step's per-sample gradient elements (log counts)."""
     step, value = last(output, "grad_hist_1d")
     assert value is not None, "drawn only when grad_hist_1d was logged (the panel's quantity)"
@@ -94,7 +95,7 @@ def _step_edges(steps: np.ndarray) -> np.ndarray:
     return np.concatenate([[2 * steps[0] - mids[0]], mids, [2 * steps[-1] - mids[-1]]])
 
 
-def draw_hist_1d_time(ax: Any, output: Any, header: Any) -> None:
+def draw_hist_1d_time(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Gradient element histogram of every tracked step: steps on x, value on y."""
     entries = values(output, "grad_hist_1d")
     counts, grid = _common_grid(entries)
@@ -108,12 +109,12 @@ def draw_hist_1d_time(ax: Any, output: Any, header: Any) -> None:
     ax.grid(False)
 
 
-def _has_per_param_1d(output: Any) -> bool:
+def _has_per_param_1d(output: Output) -> bool:
     _, value = last(output, "grad_hist_1d")
     return value is not None and np.ndim(value.get("per_param")) == 2
 
 
-def draw_hist_1d_layers(ax: Any, output: Any, header: Any) -> None:
+def draw_hist_1d_layers(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Last step's histogram of each parameter: one row per parameter."""
     step, value = last(output, "grad_hist_1d")
     assert value is not None, "drawn only when grad_hist_1d was logged (the panel's quantity)"
@@ -131,7 +132,7 @@ def draw_hist_1d_layers(ax: Any, output: Any, header: Any) -> None:
     ax.grid(False)
 
 
-def draw_hist_2d(ax: Any, output: Any, header: Any) -> None:
+def draw_hist_2d(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Joint histogram of (gradient element, parameter element) with both marginals."""
     step, value = last(output, "grad_hist_2d")
     assert value is not None, "drawn only when grad_hist_2d was logged (the panel's quantity)"
@@ -160,12 +161,12 @@ def draw_hist_2d(ax: Any, output: Any, header: Any) -> None:
     _nonfinite_note(top, value)
 
 
-def _has_per_param_2d(output: Any) -> bool:
+def _has_per_param_2d(output: Output) -> bool:
     _, value = last(output, "grad_hist_2d")
     return value is not None and np.ndim(value.get("per_param")) == 3
 
 
-def draw_hist_2d_layers(ax: Any, output: Any, header: Any) -> None:
+def draw_hist_2d_layers(ax: Any, output: Output, header: Mapping[str, Any]) -> None:
     """Joint histogram of each parameter (up to 8), last step."""
     step, value = last(output, "grad_hist_2d")
     assert value is not None, "drawn only when grad_hist_2d was logged (the panel's quantity)"

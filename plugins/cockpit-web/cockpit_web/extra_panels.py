@@ -221,7 +221,8 @@ def common_grid(
 
 def heat(counts: np.ndarray) -> np.ndarray:
     """The heat map's colour values: ``log10(1 + count)`` to three decimals."""
-    return np.round(np.log10(1.0 + np.clip(counts, 0.0, None)), 3)
+    values: np.ndarray = np.round(np.log10(1.0 + np.clip(counts, 0.0, None)), 3)
+    return values
 
 
 def histogram_panels(runs: Sequence[Any], layout: Layout, built: Panels) -> None:

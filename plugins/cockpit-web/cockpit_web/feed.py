@@ -49,7 +49,7 @@ def _log_in(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.jsonl"))
 
 
-def find_logs(paths: Sequence[str | os.PathLike]) -> list[tuple[Path, str]]:
+def find_logs(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[Path, str]]:
     """``(log, label)`` of each run: a log file, or a run folder holding one.
 
     A folder gives its ``log.jsonl``, else its ``output.json``, else each of its ``*.jsonl``
@@ -106,7 +106,7 @@ class Feed:
 
     def __init__(
         self,
-        paths: Sequence[str | os.PathLike],
+        paths: Sequence[str | os.PathLike[str]],
         title: str | None = None,
         max_points: int = 2000,
         labels: Sequence[str] | None = None,

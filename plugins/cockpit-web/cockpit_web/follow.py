@@ -238,7 +238,7 @@ class LogFollower:
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         label: str,
         columns: int = HEATMAP_COLUMNS,
         points: int = 2000,

@@ -184,7 +184,8 @@ def plotly_js() -> str:
     """The plotly.js bundle of the installed ``plotly`` package."""
     from plotly.offline import get_plotlyjs
 
-    return get_plotlyjs()
+    bundle: str = get_plotlyjs()  # unannotated in plotly
+    return bundle
 
 
 def _embed(payload: dict[str, Any]) -> str:
@@ -237,8 +238,8 @@ def render_page(payload: dict[str, Any], poll_seconds: float = 0.0, inline_js: b
 
 
 def write_page(
-    paths: list[str | os.PathLike] | Feed,
-    out: str | os.PathLike,
+    paths: list[str | os.PathLike[str]] | Feed,
+    out: str | os.PathLike[str],
     title: str | None = None,
     labels: list[str] | None = None,
     diagnose: bool = True,

@@ -144,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     poll_seconds: float = 2.0,
@@ -164,7 +164,7 @@ def make_server(
 
 
 def serve(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     poll_seconds: float = 2.0,
