@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 Select = Callable[[str, torch.nn.Module], bool]
@@ -106,3 +107,22 @@ class ProbeResults:
                 mine.setdefault(name, []).extend(calls)
         for key, why in other.errors.items():
             self.errors.setdefault(key, why)
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[np.ndarray]:
+    """The small device tensors a probe kept, as numpy arrays, with one copy per device.
+
+    What ``compute`` does with probe results: the tensors of one device and dtype are
+    flattened into one, copied to the host at once, and cut back into their shapes, in the
+    order given (a device copy per tensor would wait for the device once per module).
+    """
+    out: list[np.ndarray] = [np.empty(0)] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    for indices in groups.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in indices]).cpu().numpy()
+        bounds = np.cumsum([tensors[i].numel() for i in indices])[:-1]
+        for i, part in zip(indices, np.split(flat, bounds)):
+            out[i] = part.reshape(tuple(tensors[i].shape))
+    return out

@@ -18,6 +18,7 @@ from cockpit_core import (
     StepContext,
     hookimpl,
 )
+from cockpit_core.observe.probe import to_host
 
 
 def _linear_sums(name: str, module: torch.nn.Module) -> bool:
@@ -188,3 +189,19 @@ def test_no_hook_stays_on_the_model_while_no_probe_is_armed():
     assert all(not m._forward_hooks for m in model.modules())  # step 10 is far: disarmed
     cp.prepare(10)
     assert all(bool(m._forward_hooks) == isinstance(m, torch.nn.Linear) for m in model[1:])
+
+
+def test_to_host_keeps_shapes_order_and_dtypes():
+    tensors = [
+        torch.arange(6, dtype=torch.float64).reshape(2, 3),
+        torch.tensor(7.0, dtype=torch.float64),
+        torch.arange(4, dtype=torch.float32).reshape(4, 1) + 0.5,
+        torch.zeros(0, 2, dtype=torch.float64),
+    ]
+    host = to_host(tensors)
+    assert len(host) == len(tensors)
+    for got, want in zip(host, tensors):
+        assert got.shape == tuple(want.shape)
+        assert got.dtype == want.numpy().dtype
+        assert (got == want.numpy()).all()
+    assert to_host([]) == []

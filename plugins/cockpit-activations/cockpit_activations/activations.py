@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 
 from cockpit_activations._selection import ModuleSelection, first_tensor
 from cockpit_core import Probe, Quantity, QuantityConfig, Requirements, StepContext
+from cockpit_core.observe.probe import to_host
 
 
 def float_dtype(name: str) -> torch.dtype:
@@ -183,7 +184,8 @@ class Activations(Quantity):
             for name, calls in ctx.probe(self.probe.key).items()
         }
         found = {name: calls for name, calls in found.items() if calls}
-        host = _to_host([c.stats for calls in found.values() for c in calls])
+        rows = to_host([c.stats for calls in found.values() for c in calls])
+        host = np.stack(rows) if rows else np.zeros((0, 0))
         k = len(self.dtypes)
         rms, amax, zero_frac = [], [], []
         under: list[np.ndarray] = []
@@ -214,16 +216,3 @@ class Activations(Quantity):
             out["underflow"] = {n: under_all[:, j].copy() for j, n in enumerate(names)}
             out["overflow"] = {n: over_all[:, j].copy() for j, n in enumerate(names)}
         return out
-
-
-def _to_host(rows: list[torch.Tensor]) -> np.ndarray:
-    """``rows`` (1-D float64 tensors of one length) as a numpy matrix, one copy per device."""
-    if not rows:
-        return np.zeros((0, 0))
-    by_device: dict[torch.device, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_device.setdefault(row.device, []).append(i)
-    out = np.empty((len(rows), rows[0].numel()))
-    for indices in by_device.values():
-        out[indices] = torch.stack([rows[i] for i in indices]).cpu().numpy()
-    return out

@@ -90,23 +90,7 @@ def test_tiny_gpt2_default_selection_reads_conv1d_and_block_tuples():
     from cockpit_core.testing.models import tiny_gpt2
 
     model = tiny_gpt2(vocab=VOCAB).double()
-    expected = {
-        *(
-            f"transformer.h.{i}{part}"
-            for i in range(2)
-            for part in (
-                "",
-                ".ln_1",
-                ".ln_2",
-                ".attn.c_attn",
-                ".attn.c_proj",
-                ".mlp.c_fc",
-                ".mlp.c_proj",
-            )
-        ),
-        "transformer.ln_f",
-        "lm_head",
-    }
+    expected = NANOGPT_DEFAULT  # GPT-2 names its blocks, Conv1D layers and norms as nanoGPT
     cp = Cockpit(model, ["activations"])
 
     def forward(model, idx):

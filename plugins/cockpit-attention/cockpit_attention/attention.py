@@ -22,6 +22,7 @@ from cockpit_core import (
     StepContext,
     UnsupportedModelError,
 )
+from cockpit_core.observe.probe import to_host
 
 
 class AttentionConfig(QuantityConfig):
@@ -197,7 +198,7 @@ def summarize(found: dict[str, list[AttentionCall]]) -> dict[str, Any]:
     query was used. Without any attention call the lists are empty and ``max`` and
     ``min_entropy`` NaN.
     """
-    host = _to_host([c.stats for calls in found.values() for c in calls])
+    host = to_host([c.stats for calls in found.values() for c in calls])
     heads, max_logit, entropy, entropy_se = [], [], [], []
     sampled = [c.sampled for calls in found.values() for c in calls if c.sampled is not None]
     start = 0
@@ -231,17 +232,3 @@ def summarize(found: dict[str, list[AttentionCall]]) -> dict[str, Any]:
         "min_entropy": float(np.min(flat_entropy)) if flat_entropy else float("nan"),
         "sampled": max(sampled) if sampled else None,
     }
-
-
-def _to_host(stats: list[torch.Tensor]) -> list[np.ndarray]:
-    """Each ``[4, H]`` tensor as a numpy array, with one copy to the host per device."""
-    out: list[np.ndarray] = [np.empty(0)] * len(stats)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, s in enumerate(stats):
-        by_device.setdefault(s.device, []).append(i)
-    for indices in by_device.values():
-        joined = torch.cat([stats[i] for i in indices], dim=1).cpu().numpy()
-        bounds = np.cumsum([stats[i].shape[1] for i in indices])[:-1]
-        for i, part in zip(indices, np.split(joined, bounds, axis=1)):
-            out[i] = part
-    return out
