@@ -66,6 +66,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     from cockpit_core.statistics.embedding import EmbeddingGrads
     from cockpit_core.statistics.kinds import StatisticKind
     from cockpit_core.statistics.per_sample import DenseGrads, OuterProductGrads, PerSampleGrads
+    from cockpit_core.statistics.pooled import PooledGrads
     from cockpit_core.statistics.provider import Collection, ParamSlot, StatisticProvider
     from cockpit_core.statistics.statistic import Statistic
     from cockpit_core.statistics.tied import TiedGrads
@@ -117,6 +118,7 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "EmbeddingGrads": "cockpit_core.statistics.embedding",
     "OuterProductGrads": "cockpit_core.statistics.per_sample",
     "TiedGrads": "cockpit_core.statistics.tied",
+    "PooledGrads": "cockpit_core.statistics.pooled",
     # plugins
     "hookimpl": "cockpit_core.hookspecs",
     "PROTOCOL_VERSION": "cockpit_core.hookspecs",
@@ -179,6 +181,7 @@ __all__ = [
     "Collection",
     "ParamSlot",
     "PerSampleGrads",
+    "PooledGrads",
     "DenseGrads",
     "ConvGrads",
     "EmbeddingGrads",

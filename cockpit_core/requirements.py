@@ -34,7 +34,12 @@ from cockpit_core.statistics.kinds import (
     TRANSFORM_KIND,
     StatisticKind,
 )
-from cockpit_core.statistics.statistic import FactoredTransformFn, Statistic, TransformFn
+from cockpit_core.statistics.statistic import (
+    FactoredTransformFn,
+    PooledTransformFn,
+    Statistic,
+    TransformFn,
+)
 
 #: Per-sample squared L2 norms ``||g_n||^2``, shape ``[B]``.
 BATCH_L2 = Statistic(BATCH_L2_KIND)
@@ -66,6 +71,7 @@ def per_sample_transform(
     max_last: int = 0,
     *,
     factored_fn: FactoredTransformFn | None = None,
+    pooled_fn: PooledTransformFn | None = None,
 ) -> Statistic:
     """Any function of one parameter's per-sample gradients, computed once per step.
 
@@ -91,6 +97,14 @@ def per_sample_transform(
             ``isinstance`` before using its factors. It must return what ``fn`` returns on
             ``grads.materialize()`` (up to rounding), or ``NotImplemented`` to let the core
             call ``fn`` on materialized blocks (see docs/writing_quantities.md).
+        pooled_fn: Optional ``pooled_fn(pool) -> Tensor`` for several small parameters with
+            the same number of elements ``D`` at once: ``pool`` is a
+            :class:`~cockpit_core.PooledGrads` whose ``grads`` are
+            ``[P, B, D]`` (``params``: the ``P`` parameters). Return a tensor whose entry
+            ``p`` along the first axis is what ``fn`` returns for parameter ``p`` (up to
+            rounding), or ``NotImplemented``. Without it, each parameter is computed on
+            its own; with it, small parameters cost a few batched operations in all
+            instead of a few each (see docs/performance.md).
 
     """
     if reduce not in REDUCTIONS:
@@ -104,6 +118,7 @@ def per_sample_transform(
         reduce=reduce,
         max_last=int(max_last),
         factored_fn=factored_fn,
+        pooled_fn=pooled_fn,
     )
 
 

@@ -157,6 +157,7 @@ class StepCollection:
             loss_scale=self.loss_scale,
             requests=requests,
             owners=self.owners,
+            pooling=True,
         )
 
     @contextlib.contextmanager
@@ -306,6 +307,7 @@ class StepCollection:
         try:
             with self._others_suspended(name):
                 ctx.__exit__(None, None, None)
+            col.flush()  # parameters the provider's collection still holds in pools
         except (KeyboardInterrupt, GeneratorExit):
             raise
         except BaseException as err:  # a broken provider must not stop training

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from cockpit_core.statistics.per_sample import PerSampleGrads
+    from cockpit_core.statistics.pooled import PooledGrads
 
 COMBINE_RULES = frozenset({"sum", "mean", "gather", "project", "declared", None})
 """Valid values of :attr:`StatisticKind.combine`."""
@@ -74,9 +75,19 @@ class RequestedStatistic(Protocol):
         """The fast path of a ``transform`` for factored per-sample gradients."""
         ...
 
+    @property
+    def pooled_fn(self) -> Callable[[PooledGrads], Any] | None:
+        """The form of a ``transform`` for several parameters at once."""
+        ...
+
 
 FromPerSample = Callable[["PerSampleGrads", RequestedStatistic, "Tensor"], Any]
 """``fn(per_sample_grads, statistic, param) -> value`` of a per-sample kind."""
+
+FromPooled = Callable[["PooledGrads", RequestedStatistic], Any]
+"""``fn(pool, statistic) -> Tensor`` of a per-sample kind for several parameters at once: the
+first axis runs over the pool's parameters (:class:`~cockpit_core.statistics.pooled.PooledGrads`),
+or ``NotImplemented``."""
 
 SampleShape = Callable[["Tensor"], tuple[int, ...]]
 """``fn(param) -> shape`` of one sample's value of a gathered kind."""
@@ -92,6 +103,12 @@ class StatisticKind(str):
         description: One line for ``cockpit plugins`` and ``cp.check``.
         from_per_sample: For per-sample kinds: ``fn(grads, statistic, param)`` computing
             the value from a :class:`~cockpit_core.statistics.per_sample.PerSampleGrads`.
+        from_pooled: Optional, for per-sample kinds: ``fn(pool, statistic)`` computing the
+            values of several parameters with the same number of elements at once from a
+            :class:`~cockpit_core.statistics.pooled.PooledGrads` (``[P, B, D]``); entry ``p``
+            of the result must equal ``from_per_sample`` of parameter ``p`` up to rounding
+            (for elementwise values, flattened). Small parameters are then reduced together
+            (:mod:`cockpit_core.statistics.pool`).
         install_hint: What to install when no installed provider delivers the kind
             (e.g. ``"pip install cockpit-backpack"``); shown in errors.
         sample_shape: For ``gather`` and ``project`` kinds whose value is zero for a zero
@@ -109,6 +126,7 @@ class StatisticKind(str):
     combine: str | None
     description: str
     from_per_sample: FromPerSample | None
+    from_pooled: FromPooled | None
     install_hint: str
     sample_shape: SampleShape | None
     not_combinable: str
@@ -122,6 +140,7 @@ class StatisticKind(str):
         combine: str | None,
         description: str = "",
         from_per_sample: FromPerSample | None = None,
+        from_pooled: FromPooled | None = None,
         install_hint: str = "",
         sample_shape: SampleShape | None = None,
         not_combinable: str = "",
@@ -141,6 +160,7 @@ class StatisticKind(str):
         kind.combine = combine
         kind.description = description
         kind.from_per_sample = from_per_sample
+        kind.from_pooled = from_pooled
         kind.install_hint = install_hint
         kind.sample_shape = sample_shape
         kind.not_combinable = not_combinable
@@ -176,6 +196,14 @@ def _transform(grads: PerSampleGrads, stat: RequestedStatistic, param: Tensor) -
     return stat.fn(grads.materialize(), param)  # type: ignore[misc]
 
 
+def _pooled_transform(pool: PooledGrads, stat: RequestedStatistic) -> Any:
+    return NotImplemented if stat.pooled_fn is None else stat.pooled_fn(pool)
+
+
+def _squares(pool: PooledGrads) -> Tensor:
+    return pool.grads * pool.grads
+
+
 def _scalar_per_sample(param: Tensor) -> tuple[int, ...]:
     return ()
 
@@ -197,6 +225,7 @@ BATCH_L2_KIND = StatisticKind(
     combine="gather",
     description="per-sample squared norms ||g_n||^2, [B]",
     from_per_sample=lambda g, s, p: g.batch_l2(),
+    from_pooled=lambda pool, s: _squares(pool).sum(-1),
     sample_shape=_scalar_per_sample,
 )
 SUM_GRAD_SQUARED_KIND = StatisticKind(
@@ -205,6 +234,7 @@ SUM_GRAD_SQUARED_KIND = StatisticKind(
     combine="sum",
     description="sum_n g_n * g_n, parameter shape",
     from_per_sample=lambda g, s, p: g.sum_grad_squared(),
+    from_pooled=lambda pool, s: _squares(pool).sum(1),
 )
 BATCH_DOT_KIND = StatisticKind(
     "batch_dot",
@@ -240,6 +270,7 @@ TRANSFORM_KIND = StatisticKind(
     combine="declared",
     description="any function of the per-sample gradients (per_sample_transform)",
     from_per_sample=_transform,
+    from_pooled=_pooled_transform,
 )
 DIAG_HESSIAN_KIND = StatisticKind(
     "diag_hessian",

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel
 
+from cockpit_core.statistics import pool
 from cockpit_core.statistics.kinds import StatisticKind
 from cockpit_core.statistics.per_sample import PerSampleGrads
 from cockpit_core.statistics.reduce import reduce_per_sample
@@ -117,6 +118,9 @@ class Collection:
             :meth:`~StatisticProvider.accepts`, in the user's order (a provider with
             requests but no statistics at a step still gets a collection).
         owners: For each statistic identity, the quantities that need it (for messages).
+        pooling: Whether :meth:`deliver` may hold small parameters' per-sample gradients
+            and reduce them together (:mod:`cockpit_core.statistics.pool`); their values are
+            recorded by :meth:`flush` (set by the core for a step's collections).
 
     """
 
@@ -135,6 +139,9 @@ class Collection:
     missing: dict[Identity, str] = field(default_factory=dict)
     requests: tuple[Any, ...] = ()
     owners: Mapping[Identity, tuple[str, ...]] = field(default_factory=dict)
+    pooling: bool = False
+    _pools: dict[tuple[Any, ...], pool.Pool] = field(default_factory=dict, repr=False)
+    _pooled_bytes: int = field(default=0, repr=False)
 
     @property
     def per_sample_scale(self) -> float:
@@ -170,6 +177,9 @@ class Collection:
         are formed now when :attr:`eager` (unless ``defer``), else after ``backward`` by
         the core, on the final gradient. A statistic that raises is reported missing
         with its error; nothing propagates.
+
+        With :attr:`pooling`, a small parameter's per-sample gradients may be held and
+        reduced later together with others (:meth:`flush`).
         """
         if index == self.check_index:
             self.check_mean = grads.mean().detach()
@@ -177,15 +187,74 @@ class Collection:
         if not stats:
             return
         final = grads.mean if self.eager and not defer else None
+        if self.pooling and self._pool(index, grads, stats, final):
+            return
         values, failures = reduce_per_sample(stats, grads, self.slots[index].param, final)
+        self._record(stats, index, values, failures)
+
+    def _record(
+        self,
+        stats: Sequence[Statistic],
+        index: int,
+        values: Mapping[Identity, Any],
+        failures: Mapping[Identity, str],
+    ) -> None:
         for stat in stats:
             if stat.identity in failures:
                 self.fail(stat, f"Computing {stat.describe()} raised {failures[stat.identity]}")
             elif stat.identity in values:
                 self.store(stat, index, values[stat.identity])
 
+    def _pool(self, index: int, grads: PerSampleGrads, stats: list[Statistic], final: Any) -> bool:
+        """Hold parameter ``index``'s per-sample gradients in a pool; ``False``: reduce it now.
+
+        Projections formed after ``backward`` (no ``final`` gradient yet) keep the compact
+        form, as :func:`reduce_per_sample` does; the other statistics are pooled.
+        """
+        deferred = [s for s in stats if s.combine == "project" and final is None]
+        stats = [s for s in stats if s not in deferred]
+        if not stats or not all(pool.poolable(s, final is not None) for s in stats):
+            return False
+        param = self.slots[index].param
+        try:
+            dense = pool.member_grads(grads, param, kept=bool(deferred))
+        except Exception:  # a form that cannot materialize: its own rules report why
+            return False
+        if dense is None:
+            return False
+        key = (tuple(dense.shape), dense.dtype, dense.device, tuple(s.identity for s in stats))
+        held = self._pools.setdefault(key, pool.Pool(tuple(stats)))
+        held.indices.append(index)
+        held.grads.append(dense)
+        held.params.append(param)
+        if final is not None:
+            held.finals.append(final)
+        for stat in deferred:
+            self.store(stat, index, grads)  # projected by the core after backward
+        self._pooled_bytes += dense.numel() * dense.element_size()
+        if self._pooled_bytes > pool.POOL_BYTES:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Reduce the parameters held in pools and record their values (see :attr:`pooling`).
+
+        Called by the core after the provider's :meth:`StatisticProvider.collect` ended; a
+        provider that reads :attr:`results` before (e.g. to report what is missing) calls
+        :meth:`received`, which flushes first.
+        """
+        pools, self._pools, self._pooled_bytes = self._pools, {}, 0
+        for held in pools.values():
+            with torch.no_grad():  # after backward, statistics must not record a graph
+                values, failures = pool.reduce_pool(held)
+            for k, index in enumerate(held.indices):
+                row = {identity: v[k] for identity, v in values.items()}
+                self._record(held.stats, index, row, failures)
+
     def received(self, stat: Statistic, index: int) -> bool:
         """Whether a value of ``stat`` for parameter ``index`` was recorded."""
+        if self._pools:
+            self.flush()
         row = self.results.get(stat.identity)
         return row is not None and row[index] is not None
 

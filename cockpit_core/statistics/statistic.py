@@ -23,6 +23,7 @@ from cockpit_core.statistics.kinds import StatisticKind, resolve_kind
 
 if TYPE_CHECKING:
     from cockpit_core.statistics.per_sample import PerSampleGrads
+    from cockpit_core.statistics.pooled import PooledGrads
 
 TransformFn = Callable[[Tensor, Tensor], Tensor]
 """``fn(per_sample_grads, param) -> Tensor`` with ``per_sample_grads`` of shape ``[B, *param.shape]``."""
@@ -31,6 +32,9 @@ FactoredTransformFn = Callable[["PerSampleGrads", Tensor], Any]
 """``fn(per_sample_grads, param) -> Tensor`` on a factored
 :class:`~cockpit_core.statistics.per_sample.PerSampleGrads` (see ``factored_fn``); may
 return ``NotImplemented`` to fall back to ``fn`` on the materialized gradients."""
+
+PooledTransformFn = Callable[["PooledGrads"], Any]
+"""``fn(pool) -> Tensor`` of a ``transform`` for several parameters at once (see ``pooled_fn``)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class Statistic:
         factored_fn: Optional fast path of a ``transform`` for factored per-sample
             gradients (see :func:`~cockpit_core.requirements.per_sample_transform`); ``fn``
             must give the same value.
+        pooled_fn: Optional form of a ``transform`` for several small parameters with the
+            same number of elements at once (see
+            :func:`~cockpit_core.requirements.per_sample_transform`).
 
     """
 
@@ -65,16 +72,20 @@ class Statistic:
     reduce: str | None = field(default=None, compare=False, hash=False)
     max_last: int = field(default=0, compare=False, hash=False)
     factored_fn: FactoredTransformFn | None = field(default=None, compare=False, hash=False)
+    pooled_fn: PooledTransformFn | None = field(default=None, compare=False, hash=False)
+    _identity: tuple[str, str] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         resolved = resolve_kind(self.kind)
         if resolved is not None:
             object.__setattr__(self, "kind", resolved)
+        # read thousands of times per step: formed once
+        object.__setattr__(self, "_identity", (str(self.kind), self.key))
 
     @property
     def identity(self) -> tuple[str, str]:
         """``(kind, key)``: statistics with equal identity are computed once."""
-        return (str(self.kind), self.key)
+        return self._identity
 
     @property
     def per_sample(self) -> bool:
