@@ -70,7 +70,7 @@ class StepData:
 def _unscaled(p: Tensor, scale: float) -> Tensor:
     if p.grad is None or not p.requires_grad:  # a frozen parameter's p.grad is stale
         return torch.zeros_like(p, dtype=float_dtype(p))
-    g = p.grad.detach()
+    g = p.grad.detach() if p.grad.requires_grad else p.grad  # (create_graph=True)
     if g.dtype != float_dtype(g):
         g = g.to(float_dtype(g))
     return g if scale == 1.0 else g / scale

@@ -27,11 +27,17 @@ def nonfinite_reason(
         and not torch.isfinite(loss.detach()).all()
     ):
         return f"the loss is {float(loss.detach())}"
-    present = [(n, p.grad) for n, p in zip(names, params) if p.grad is not None]
+    present = [(n, p.grad) for n, p in zip(names, params) if p.grad is not None and p.numel()]
     if not present:
         return None
-    # one flag per parameter, one device sync for all of them
-    flags = torch.stack([torch.isfinite(g).all() for _, g in present])
+    # max |g| is NaN or inf exactly when g holds a NaN or an inf: one batched reduction for
+    # all parameters, one device sync
+    with torch.no_grad():
+        tops = torch._foreach_norm([g for _, g in present], math.inf)
+    device = tops[0].device
+    if any(t.device != device for t in tops):  # a model split across devices
+        tops = tuple(t.to(device) for t in tops)
+    flags = torch.isfinite(torch.stack(tops))  # stack promotes mixed dtypes
     if bool(flags.all()):
         return None
     bad = [n for (n, _), ok in zip(present, flags.tolist()) if not ok]

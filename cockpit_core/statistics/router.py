@@ -33,6 +33,9 @@ from cockpit_core.statistics.provider import ParamSlot, StatisticProvider
 from cockpit_core.statistics.statistic import Statistic
 
 Identity = tuple[str, str]
+
+Plan = tuple[dict[str, dict[Identity, frozenset[int]]], dict[Identity, list[int]]]
+"""``(served, unrouted)`` of :meth:`StatisticsRouter.plan`."""
 Results = dict[Identity, list[Any]]
 
 
@@ -130,6 +133,7 @@ class StatisticsRouter:
         self.loss_fn: Any = None
         self.slots = [ParamSlot(i, n, p) for i, (n, p) in enumerate(zip(self.names, self.params))]
         self._routes: dict[str, list[Route]] = {}
+        self._plans: dict[tuple[Any, ...], Plan] = {}
         self.warned: set[str] = set()  # providers whose fallback use was warned about
         self.requested: set[str] = set()  # got requests: armed for every parameter from then on
         self.checked: tuple[int, float, float] | None = None
@@ -166,7 +170,7 @@ class StatisticsRouter:
         self.model, self.loss_fn = model, loss_fn
         for provider in self.providers.values():
             provider.attach(model, loss_fn)
-        self._routes = {}
+        self._routes, self._plans = {}, {}
 
     # -- routing ------------------------------------------------------------------------
 
@@ -191,17 +195,26 @@ class StatisticsRouter:
             self._routes[str(kind)] = table
         return self._routes[str(kind)]
 
-    def plan(
-        self, statistics: Sequence[Statistic]
-    ) -> tuple[dict[str, dict[Identity, frozenset[int]]], dict[Identity, list[int]]]:
+    def plan(self, statistics: Sequence[Statistic]) -> Plan:
         """Which provider serves which parameters of each statistic.
 
         Returns:
             ``(served, unrouted)``: per provider the parameter indices of each statistic,
             and per statistic the indices no provider can serve. Parameters that need no
-            gradient are skipped.
+            gradient are skipped. Remembered until the routes or ``requires_grad`` flags
+            change (do not modify it).
 
         """
+        key = (
+            tuple((stat.identity, str(requested_kind(stat))) for stat in statistics),
+            tuple(p.requires_grad for p in self.params),
+        )
+        known = self._plans.get(key)
+        if known is None:
+            known = self._plans[key] = self._plan(statistics)
+        return known
+
+    def _plan(self, statistics: Sequence[Statistic]) -> Plan:
         served: dict[str, dict[Identity, set[int]]] = {}
         unrouted: dict[Identity, list[int]] = {}
         for stat in statistics:
