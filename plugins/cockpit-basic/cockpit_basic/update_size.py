@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import torch
+
 from cockpit_basic._norms import norms
 from cockpit_core import StepContext, TwoStepQuantity
 
@@ -17,9 +19,13 @@ class UpdateSize(TwoStepQuantity):
     name = "update_size"
 
     def compute_start(self, ctx: StepContext) -> Any:
-        """Copy the parameters before the optimizer step."""
-        return [p.detach().clone() for p in ctx.params]
+        """Copy the parameters before the optimizer step (one fused copy of all of them)."""
+        params: list[torch.Tensor] = list(ctx.params)
+        with torch.no_grad():
+            return torch._foreach_clone(params)
 
     def compute_end(self, ctx: StepContext, state: Any) -> dict[str, Any]:
         """Return ``{"total": ..., "per_param": [...]}`` of the parameter change."""
-        return norms([p.detach() - p0 for p, p0 in zip(ctx.params, state)])
+        params: list[torch.Tensor] = list(ctx.params)
+        with torch.no_grad():
+            return norms(torch._foreach_sub(params, state))

@@ -67,9 +67,9 @@ class CABS(Quantity):
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of the suggested batch size."""
-        _, _, var = elementwise_variances(ctx, self.key, unbiased=False)
-        trace = torch.stack([v.sum() for v in var])
-        lrs = torch.tensor(self._learning_rates(ctx), dtype=torch.float64, device=trace.device)
+        _, groups, _, var = elementwise_variances(ctx, self.key, unbiased=False)
+        trace = groups.sums(var)
+        lrs = trace.new_tensor(self._learning_rates(ctx))
         per_param = lrs * trace / _loss_value(ctx.info["loss"])
         return layered(per_param.sum(), per_param)
 

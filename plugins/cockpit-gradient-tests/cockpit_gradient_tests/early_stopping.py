@@ -53,8 +53,8 @@ class EarlyStopping(Quantity):
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of the criterion."""
-        batch_size, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=True)
-        snr = [g2 / (v + self.config.epsilon) for g2, v in zip(grad_sq, var)]
-        sums = torch.stack([r.sum() for r in snr])
-        sizes = torch.tensor([r.numel() for r in snr], dtype=torch.float64, device=sums.device)
+        batch_size, groups, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=True)
+        snr = torch._foreach_div(grad_sq, torch._foreach_add(var, self.config.epsilon))
+        sums = groups.sums(snr)
+        sizes = sums.new_tensor(groups.numel)
         return layered(1 - batch_size * sums.sum() / sizes.sum(), 1 - batch_size * sums / sizes)

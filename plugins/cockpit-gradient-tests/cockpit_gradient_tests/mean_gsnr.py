@@ -47,8 +47,8 @@ class MeanGSNR(Quantity):
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of the mean GSNR."""
-        _, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=False)
-        gsnr = [g2 / (v + self.config.epsilon) for g2, v in zip(grad_sq, var)]
-        sums = torch.stack([r.sum() for r in gsnr])
-        sizes = torch.tensor([r.numel() for r in gsnr], dtype=torch.float64, device=sums.device)
+        _, groups, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=False)
+        gsnr = torch._foreach_div(grad_sq, torch._foreach_add(var, self.config.epsilon))
+        sums = groups.sums(gsnr)
+        sizes = sums.new_tensor(groups.numel)
         return layered(sums.sum() / sizes.sum(), sums / sizes)

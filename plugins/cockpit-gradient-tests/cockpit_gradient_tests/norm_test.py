@@ -7,13 +7,7 @@ from typing import Any
 import torch
 
 from cockpit_core import BATCH_L2, Quantity, Requirements, StepContext, layered
-from cockpit_gradient_tests._common import (
-    grads64,
-    require_samples,
-    samples_in,
-    stat64,
-    zeros_where_missing,
-)
+from cockpit_gradient_tests._common import per_sample64, squared_norms
 
 
 class NormTest(Quantity):
@@ -40,13 +34,9 @@ class NormTest(Quantity):
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": float, "per_param": np.ndarray}`` of ``theta_max``."""
-        batch_l2 = stat64(ctx, BATCH_L2)
-        batch_size = samples_in(batch_l2, ctx)
-        require_samples(self.key, batch_size)
-        grads = grads64(ctx)
-        shapes = [torch.Size([batch_size])] * len(grads)
-        sum_sq = torch.stack([v.sum() for v in zeros_where_missing(batch_l2, shapes, grads[0])])
-        grad_sq = torch.stack([g.pow(2).sum() for g in grads])
+        batch_l2 = per_sample64(ctx, BATCH_L2, self.key)
+        batch_size = batch_l2.shape[1]
+        sum_sq, grad_sq = batch_l2.sum(1), squared_norms(ctx.grads)
         return layered(
             _theta_max(sum_sq.sum(), grad_sq.sum(), batch_size),
             _theta_max(sum_sq, grad_sq, batch_size),
