@@ -10,7 +10,9 @@ to rounding), so are the directional derivatives (see :mod:`cockpit_alpha.alpha`
 
 The formulas follow ``torch.optim`` (2.x) step by step, including weight decay, momentum,
 dampening, Nesterov, ``maximize``, AMSGrad, decoupled weight decay (AdamW) and centred
-RMSprop. A wrong prediction is never silently used: the real update decides.
+RMSprop, with its fused operations (``lerp``, ``addcmul``), a few per parameter: the core
+asks for one parameter at a time. The optimizer's state is read, never written. A wrong
+prediction is never silently used: the real update decides.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ def _f(value: Any) -> float:
 
 
 def _state(state: dict[str, Any], key: str, like: Tensor) -> Tensor:
+    """The optimizer's state ``key`` (zeros before its first step); only read, never written."""
     value = state.get(key)
-    return torch.zeros_like(like) if value is None else value.detach().to(like)
+    return torch.zeros_like(like) if value is None else value.to(like)
 
 
 def sgd_update(group: dict[str, Any], state: dict[str, Any], theta: Tensor, grad: Tensor) -> Tensor:
@@ -40,16 +43,17 @@ def sgd_update(group: dict[str, Any], state: dict[str, Any], theta: Tensor, grad
     d = -grad if group.get("maximize", False) else grad
     wd = _f(group.get("weight_decay", 0.0))
     if wd:
-        d = d + wd * theta
+        d = d.add(theta, alpha=wd)
     momentum = _f(group.get("momentum", 0.0))
     if momentum:
         buf = state.get("momentum_buffer")
         if buf is None:
             buf = d
         else:
-            buf = momentum * buf.detach().to(d) + (1 - _f(group.get("dampening", 0.0))) * d
-        d = d + momentum * buf if group.get("nesterov", False) else buf
-    return -_f(group["lr"]) * d
+            dampening = _f(group.get("dampening", 0.0))
+            buf = buf.to(d).mul(momentum).add_(d, alpha=1 - dampening)
+        d = d.add(buf, alpha=momentum) if group.get("nesterov", False) else buf
+    return d.mul(-_f(group["lr"]))
 
 
 def adam_update(
@@ -60,17 +64,17 @@ def adam_update(
     beta1, beta2 = (_f(b) for b in group["betas"])
     g = -grad if group.get("maximize", False) else grad
     if wd and not decoupled:
-        g = g + wd * theta
+        g = g.add(theta, alpha=wd)
     step = _f(state.get("step", 0.0)) + 1
-    m = beta1 * _state(state, "exp_avg", g) + (1 - beta1) * g
-    v = beta2 * _state(state, "exp_avg_sq", g) + (1 - beta2) * g * g
+    m = _state(state, "exp_avg", g).lerp(g, 1 - beta1)
+    v = _state(state, "exp_avg_sq", g).mul(beta2).addcmul_(g, g, value=1 - beta2)
     if group.get("amsgrad", False):
         v = torch.maximum(_state(state, "max_exp_avg_sq", g), v)
-    denom = v.sqrt() / math.sqrt(1 - beta2**step) + eps
-    update: Tensor = -(lr / (1 - beta1**step)) * m / denom
-    if wd and decoupled:
-        update = update - lr * wd * theta
-    return update
+    denom = v.sqrt_().div_(math.sqrt(1 - beta2**step)).add_(eps)
+    step_size = lr / (1 - beta1**step)
+    if wd and decoupled:  # the decay, then the step
+        return torch.addcdiv(theta.mul(-lr * wd), m, denom, value=-step_size)
+    return m.div_(denom).mul_(-step_size)
 
 
 def rmsprop_update(
@@ -81,17 +85,17 @@ def rmsprop_update(
     g = -grad if group.get("maximize", False) else grad
     wd = _f(group.get("weight_decay", 0.0))
     if wd:
-        g = g + wd * theta
-    v = alpha * _state(state, "square_avg", g) + (1 - alpha) * g * g
+        g = g.add(theta, alpha=wd)
+    v = _state(state, "square_avg", g).mul(alpha).addcmul_(g, g, value=1 - alpha)
     if group.get("centered", False):
-        mean = alpha * _state(state, "grad_avg", g) + (1 - alpha) * g
-        avg = (v - mean * mean).sqrt() + eps
-    else:
-        avg = v.sqrt() + eps
+        mean = _state(state, "grad_avg", g).lerp(g, 1 - alpha)
+        v = v.addcmul_(mean, mean, value=-1)
+    avg = v.sqrt_().add_(eps)
     momentum = _f(group.get("momentum", 0.0))
     if momentum > 0:
-        return -lr * (momentum * _state(state, "momentum_buffer", g) + g / avg)
-    return -lr * g / avg
+        buf = _state(state, "momentum_buffer", g).mul(momentum).addcdiv_(g, avg)
+        return buf.mul_(-lr)
+    return g.div(avg).mul_(-lr)
 
 
 def optimizer_kind(optimizer: Any) -> str:
@@ -140,9 +144,10 @@ class UpdatePredictor:
             return generic_direction(grad), "generic"
         param, group = found
         state = optimizer.state.get(param, {})
-        if self.kind == "sgd":
-            return sgd_update(group, state, theta, grad), self.kind
-        if self.kind in ("adam", "adamw"):
-            decoupled = bool(group.get("decoupled_weight_decay", self.kind == "adamw"))
-            return adam_update(group, state, theta, grad, decoupled), self.kind
-        return rmsprop_update(group, state, theta, grad), self.kind
+        with torch.no_grad():  # no graph, even from a differentiable optimizer's state
+            if self.kind == "sgd":
+                return sgd_update(group, state, theta, grad), self.kind
+            if self.kind in ("adam", "adamw"):
+                decoupled = bool(group.get("decoupled_weight_decay", self.kind == "adamw"))
+                return adam_update(group, state, theta, grad, decoupled), self.kind
+            return rmsprop_update(group, state, theta, grad), self.kind

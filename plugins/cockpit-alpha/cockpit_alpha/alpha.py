@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -14,10 +14,11 @@ from torch import Tensor
 
 from cockpit_alpha._directions import UpdatePredictor, generic_direction
 from cockpit_alpha._fit import fit_quadratic, normalized_step
-from cockpit_alpha._span import fit_updates_in_span
+from cockpit_alpha._span import StartGroup, fit_updates_in_span, same_shape_groups, stack
 from cockpit_core import (
     SUM_GRAD_SQUARED,
     PerSampleGrads,
+    PooledGrads,
     QuantityConfig,
     Requirements,
     ResumeContext,
@@ -45,36 +46,107 @@ class AlphaConfig(QuantityConfig):
     )
 
 
+_Key = tuple[int, tuple[int, ...]]
+"""A parameter by storage and shape: the transforms get ``param.detach()``, not ``param``."""
+
+
+def _key(param: Tensor) -> _Key:
+    return (param.data_ptr(), tuple(param.shape))
+
+
 @dataclass(eq=False)
 class _Start:
-    """What the start point keeps until the end point: O(D) memory, no per-sample gradients."""
+    """What the start point keeps until the end point: O(D) memory, no per-sample gradients.
+
+    Same-shaped parameters are kept stacked (:class:`~cockpit_alpha._span.StartGroup`), so
+    that the end point works on a few stacks instead of every layer.
+    """
 
     step: int
     f: float
     var_f: float
     batch_size: int
-    theta: list[Tensor]  # parameters at the start
-    grad: list[Tensor]  # mini-batch gradient g
-    sum_sq: list[Tensor]  # sum_n g_n^2 (for the diagonal fallback)
-    direction: list[Tensor]  # predicted update (third basis vector)
-    proj: list[Tensor]  # per layer [B, 3]: g_n . (gradient, parameters, predicted update)
+    groups: list[StartGroup]  # theta, g stacked; predicted update, sum_n g_n^2 per parameter
+    proj: Tensor  # [P, B, 3] float64: g_n . (gradient, parameters, predicted update)
     predictor: str
-    index: dict[tuple[int, tuple[int, ...]], int]
+    params: list[Tensor]  # the live parameters (not copies), for the update
+    index: dict[_Key, tuple[int, int]]  # (group, row) by storage
+    update: list[Tensor] | None = None  # per group d = theta_end - theta, at the end point
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[Tensor],
+        *,
+        theta: Sequence[Tensor],
+        grad: Sequence[Tensor],
+        direction: Sequence[Tensor],
+        sum_sq: Sequence[Tensor],
+        proj: Sequence[Tensor],
+        **scalars: Any,
+    ) -> _Start:
+        """The state from per-parameter tensors, grouped by same-shaped parameters.
+
+        ``theta`` and ``grad`` are stacked (copied), ``direction`` and ``sum_sq`` kept, the
+        ``[B, 3]`` projections ``proj`` stacked in the order of the groups. ``scalars``:
+        ``step``, ``f``, ``var_f``, ``batch_size`` and ``predictor``.
+        """
+        groups = same_shape_groups(params)
+        order = [i for group in groups for i in group]
+        if order:
+            device = proj[order[0]].device
+            stacked = stack([t.to(device) for t in proj], order).to(torch.float64)
+        else:
+            stacked = torch.zeros(0, scalars["batch_size"], 3, dtype=torch.float64)
+        return cls(
+            **scalars,
+            groups=[
+                StartGroup(
+                    group,
+                    theta=stack(theta, group),
+                    grad=stack(grad, group),
+                    direction=[direction[i] for i in group],
+                    sum_sq=[sum_sq[i] for i in group],
+                )
+                for group in groups
+            ],
+            proj=stacked,
+            params=list(params),
+            index={
+                _key(params[i]): (g, row)
+                for g, group in enumerate(groups)
+                for row, i in enumerate(group)
+            },
+        )
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the kept tensors (read by the core's cache accounting)."""
-        tensors = [*self.theta, *self.grad, *self.sum_sq, *self.direction, *self.proj]
+        tensors = [self.proj, *(self.update or [])]
+        tensors += [t for group in self.groups for t in group.tensors]
         return sum(t.element_size() * t.nelement() for t in tensors)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for a checkpoint (the index by storage is rebuilt when loading)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "index"}
+        """Plain data for a checkpoint: the arguments of :meth:`build`, per parameter."""
+        order = [i for group in self.groups for i in group.indices]
+        return {
+            "step": self.step,
+            "f": self.f,
+            "var_f": self.var_f,
+            "batch_size": self.batch_size,
+            "predictor": self.predictor,
+            "theta": _unstack([(g.indices, g.theta.unbind()) for g in self.groups]),
+            "grad": _unstack([(g.indices, g.grad.unbind()) for g in self.groups]),
+            "direction": _unstack([(g.indices, g.direction) for g in self.groups]),
+            "sum_sq": _unstack([(g.indices, g.sum_sq) for g in self.groups]),
+            "proj": _unstack([(order, self.proj.unbind())]),
+        }
 
 
-def _storage_index(params: Any) -> dict[tuple[int, tuple[int, ...]], int]:
-    """Parameter position by storage and shape (the transforms get ``param.detach()``)."""
-    return {(p.data_ptr(), tuple(p.shape)): i for i, p in enumerate(params)}
+def _unstack(parts: Sequence[tuple[list[int], Sequence[Tensor]]]) -> list[Tensor]:
+    """The tensors in parameter order, from parts that hold those at ``indices``."""
+    rows = {i: t for indices, tensors in parts for i, t in zip(indices, tensors)}
+    return [rows[i] for i in range(len(rows))]
 
 
 class Alpha(TwoStepQuantity):
@@ -102,8 +174,12 @@ class Alpha(TwoStepQuantity):
     ``Var_n(g_n . r)`` is approximated by ``sum_i r_i^2 Var_n([g_n]_i)`` (covariances
     ignored). With a correct prediction ``r`` is rounding noise and the value equals the
     definition (``exact: True`` when every ``||r|| <= span_rtol ||d||`` plus rounding).
-    Memory: four parameter-sized tensors and ``B x 3`` numbers per layer, never ``B x D``;
-    the end point's fit works on groups of layers (:mod:`cockpit_alpha._span`).
+    Memory: four parameter-sized tensors and ``B x 3`` numbers per layer, never ``B x D``
+    (during the end point's backward pass one more: the update). Same-shaped parameters
+    are kept stacked and fitted together (:mod:`cockpit_alpha._span`): a tracked step
+    costs a few dozen tensor operations per group of same-shaped parameters, and a few per
+    parameter in the callbacks the core calls for each parameter (the directions, the
+    projections on the update).
     """
 
     name = "alpha"
@@ -115,7 +191,7 @@ class Alpha(TwoStepQuantity):
         self._predictor: UpdatePredictor | None = None
         self._live: weakref.ref[_Start] | None = None
         self._used: set[str] = set()
-        self._directions: dict[tuple[int, tuple[int, ...]], Tensor] = {}
+        self._directions: dict[_Key, Tensor] = {}
         self._transform_error: Exception | None = None
 
     # -- requirements ---------------------------------------------------------------------
@@ -130,6 +206,7 @@ class Alpha(TwoStepQuantity):
             self._end_transform,
             reduce="gather",  # g_n . d, with the update d equal on every process
             factored_fn=self._end_factored,
+            pooled_fn=self._end_pooled,
         )
 
     def start_requirements(self) -> Requirements:
@@ -161,34 +238,52 @@ class Alpha(TwoStepQuantity):
         if self._predictor is None:
             direction, how = generic_direction(grad), "generic"
         else:
-            direction, how = self._predictor(param, grad.view(param.shape))
+            direction, how = self._predictor(param, grad)
         self._used.add(how)
-        direction = direction.reshape(param.shape).to(grad.dtype)
-        self._directions[(param.data_ptr(), tuple(param.shape))] = direction
+        direction = direction.to(grad.dtype)
+        self._directions[_key(param)] = direction
         return torch.stack([grad, param.to(grad.dtype), direction])
 
     def _end_transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
         try:
             update = self._update(param).to(per_sample.dtype)
-            return per_sample.reshape(per_sample.shape[0], -1) @ update
+            if per_sample.dim() != 2:  # not a vector's per-sample gradients [B, n]
+                per_sample, update = per_sample.reshape(len(per_sample), -1), update.reshape(-1)
+            return per_sample @ update
         except Exception as err:  # reported by compute_end; training goes on
             self._transform_error = err
             return per_sample.new_empty(0)
 
     def _end_factored(self, grads: PerSampleGrads, param: Tensor) -> Tensor:
         try:
-            return grads.dot(self._update(param).reshape(1, *param.shape))[:, 0]
+            return grads.dot(self._update(param, as_row=True))[:, 0]
         except Exception as err:  # reported by compute_end; training goes on
             self._transform_error = err
             return param.new_empty(0)
 
-    def _update(self, param: Tensor) -> Tensor:
-        """The flattened update of ``param`` since the start point."""
+    def _end_pooled(self, pool: PooledGrads) -> Tensor:
+        """``g_n . d`` of a pool of same-shaped parameters at once, ``[P, B]``."""
+        try:
+            updates = pool.stack([self._update(p) for p in pool.params])
+            return torch.bmm(pool.grads, updates.unsqueeze(2))[..., 0]
+        except Exception as err:  # reported by compute_end; training goes on
+            self._transform_error = err
+            return pool.grads.new_empty(pool.count, 0)
+
+    def _update(self, param: Tensor, as_row: bool = False) -> Tensor:
+        """The update of ``param`` since the start point (``as_row``: ``[1, *shape]``).
+
+        The first call of an end point forms the updates of all parameters, one stack per
+        group; the others take a row.
+        """
         state = self._live() if self._live is not None else None
         if state is None:
             raise RuntimeError("the start point's state is gone")
-        i = state.index[(param.data_ptr(), tuple(param.shape))]
-        return (param - state.theta[i]).reshape(-1)
+        group, row = state.index[_key(param)]
+        if state.update is None:
+            state.update = [stack(state.params, g.indices).sub_(g.theta) for g in state.groups]
+        update = state.update[group]
+        return update[row : row + 1] if as_row else update[row]
 
     # -- start and end --------------------------------------------------------------------
 
@@ -207,20 +302,20 @@ class Alpha(TwoStepQuantity):
                 direction.append(torch.zeros_like(p))
             else:
                 proj.append(out)
-                direction.append(directions[(p.data_ptr(), tuple(p.shape))])
+                direction.append(directions[_key(p)])
         used, self._used = self._used, set()
-        state = _Start(
+        state = _Start.build(
+            ctx.params,
+            theta=ctx.params,  # stacked: copies
+            grad=ctx.grads,
+            direction=direction,
+            sum_sq=[torch.zeros_like(p) if s is None else s for p, s in zip(ctx.params, sum_sq)],
+            proj=proj,
             step=ctx.step,
             f=f,
             var_f=var_f,
             batch_size=batch,
-            theta=[p.detach().clone() for p in ctx.params],
-            grad=[g.clone() for g in ctx.grads],
-            sum_sq=[torch.zeros_like(p) if s is None else s for p, s in zip(ctx.params, sum_sq)],
-            direction=direction,
-            proj=proj,
             predictor="generic" if "generic" in used or not used else used.pop(),
-            index=_storage_index(ctx.params),
         )
         self._live = weakref.ref(state)
         return state
@@ -246,7 +341,7 @@ class Alpha(TwoStepQuantity):
 
     def load_start_state(self, data: Any, ctx: ResumeContext) -> _Start:
         """The start point, matched to the resumed run's parameters."""
-        state = _Start(**data, index=_storage_index(ctx.params))
+        state = _Start.build(ctx.params, **data)
         self._live = weakref.ref(state)
         return state
 
@@ -257,9 +352,8 @@ class Alpha(TwoStepQuantity):
         batch = next((t.numel() for t in layers if t is not None), 0)
         f_end, var_f_end = _loss_statistics(ctx.info, batch)
         fit = fit_updates_in_span(
-            list(zip(state.grad, state.theta, state.direction)),
+            state.groups,
             state.proj,
-            state.sum_sq,
             ctx.params,
             ctx.grads,
             state.batch_size,
@@ -280,9 +374,8 @@ class Alpha(TwoStepQuantity):
         if t == 0.0:  # no step: no progress (Cockpit 1.0.2 also gives -1)
             return out
         slope = [fit.start_dot / t, fit.end_dot / t]
-        end_proj = sum(o.to(torch.float64) for o in layers if o is not None) / t
-        # a tensor: with no layer, batch = 0 and _loss_statistics raised above
-        assert isinstance(end_proj, Tensor)
+        # with no layer, batch = 0 and _loss_statistics raised above
+        end_proj = torch.stack([o for o in layers if o is not None]).to(torch.float64).sum(0) / t
         var_df = [
             float(fit.in_span.var()) / t**2 + fit.diagonal / t**2,
             float(end_proj.var()),

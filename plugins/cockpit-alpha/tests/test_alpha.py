@@ -142,7 +142,7 @@ def run_with_directions(problem, optimizer, steps=4):
 
     def spy(ctx):
         state = original(ctx)
-        directions[ctx.step] = [t.clone() for t in state.direction]
+        directions[ctx.step] = [t.clone() for t in state.to_dict()["direction"]]
         return state
 
     q.compute_start = spy
