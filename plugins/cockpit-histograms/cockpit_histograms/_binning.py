@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -96,10 +96,10 @@ def _scan_range(v: Tensor, lo: float, hi: float) -> tuple[bool, Tensor, bool]:
     if v.numel() == 0:
         return True, torch.tensor(-1.0, dtype=torch.float64, device=v.device), True
     if v.device.type == "cpu":
-        vmin, vmax = torch.aminmax(v)
-        low, high = float(vmin), float(vmax)
+        # tolist: a 0-d tensor's float without another dispatched operation (item has one)
+        low, high = (cast(float, t.tolist()) for t in torch.aminmax(v))
         if math.isfinite(low) and math.isfinite(high):
-            top = torch.maximum(vmin.abs(), vmax.abs()).to(torch.float64)
+            top = torch.tensor(max(abs(low), abs(high)), dtype=torch.float64)
             return True, top, within(low, high, lo, hi)
     top = torch.where(torch.isfinite(v), v.abs(), -1.0).max()
     return False, top.to(torch.float64), False
@@ -124,7 +124,7 @@ def _nonfinite_counts(v: Tensor) -> Tensor:
 def _max_or_none(values: list[Tensor], device: torch.device) -> Tensor:
     if not values:
         return torch.tensor(-1.0, dtype=torch.float64, device=device)
-    return torch.stack(values).max()
+    return values[0] if len(values) == 1 else torch.stack(values).max()
 
 
 def hist1d_layer(per_sample: Tensor, lo: float, hi: float, bins: int) -> Tensor:
@@ -140,24 +140,35 @@ def hist1d_layer(per_sample: Tensor, lo: float, hi: float, bins: int) -> Tensor:
     """
     flat = per_sample.reshape(-1)
     device = flat.device
+    if flat.numel() <= CHUNK:  # the usual case: one chunk, no running sums
+        counts, bad, top = _hist1d_chunk(flat, lo, hi, bins)
+        return torch.cat([counts, bad, top.reshape(1)])
     counts = torch.zeros(bins, dtype=torch.float64, device=device)
     bad = torch.zeros(3, dtype=torch.float64, device=device)
     tops = []
-    owned = flat.dtype != torch.float32  # the float32 chunks are copies we may overwrite
     for start in range(0, flat.numel(), CHUNK):
-        v = flat[start : start + CHUNK].to(torch.float32)
-        finite, top, inside = _scan_range(v, lo, hi)
+        chunk_counts, chunk_bad, top = _hist1d_chunk(flat[start : start + CHUNK], lo, hi, bins)
+        counts += chunk_counts
+        bad += chunk_bad
         tops.append(top)
-        if inside:  # clamping would change nothing
-            counts += bin_counts(v, lo, hi, bins)
-        elif finite:
-            counts += bin_counts(v.clamp_(lo, hi) if owned else v.clamp(lo, hi), lo, hi, bins)
-        else:
-            bad += _nonfinite_counts(v)
-            # histc ignores NaN; mapping +-inf to NaN keeps them out of the edge bins
-            clamped = torch.where(torch.isfinite(v), v, float("nan")).clamp_(lo, hi)
-            counts += torch.histc(clamped, bins=bins, min=lo, max=hi).to(torch.float64)
     return torch.cat([counts, bad, _max_or_none(tops, device).reshape(1)])
+
+
+def _hist1d_chunk(flat: Tensor, lo: float, hi: float, bins: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(counts, [#NaN, #+inf, #-inf], largest finite |value|)`` of at most :data:`CHUNK` values."""
+    owned = flat.dtype != torch.float32  # the float32 chunk is a copy we may overwrite
+    v = flat.to(torch.float32)
+    finite, top, inside = _scan_range(v, lo, hi)
+    if inside:  # clamping would change nothing
+        counts = bin_counts(v, lo, hi, bins)
+    elif finite:
+        counts = bin_counts(v.clamp_(lo, hi) if owned else v.clamp(lo, hi), lo, hi, bins)
+    else:
+        # histc ignores NaN; mapping +-inf to NaN keeps them out of the edge bins
+        clamped = torch.where(torch.isfinite(v), v, float("nan")).clamp_(lo, hi)
+        counts = torch.histc(clamped, bins=bins, min=lo, max=hi).to(torch.float64)
+        return counts, _nonfinite_counts(v), top
+    return counts, torch.zeros(3, dtype=torch.float64, device=v.device), top
 
 
 def hist2d_layer(

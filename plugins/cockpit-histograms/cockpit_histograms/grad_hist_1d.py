@@ -12,6 +12,7 @@ from cockpit_core import (
     EmbeddingGrads,
     OuterProductGrads,
     PerSampleGrads,
+    PooledGrads,
     Quantity,
     QuantityConfig,
     Requirements,
@@ -30,6 +31,7 @@ from cockpit_histograms._binning import (
     stack_layers,
 )
 from cockpit_histograms._factored import hist1d_factored, hist1d_sparse
+from cockpit_histograms._pooled import hist1d_pool
 
 
 class GradHist1dConfig(QuantityConfig):
@@ -66,7 +68,9 @@ class GradHist1d(Quantity):
 
     Counts are computed per layer during backpropagation by a ``per_sample_transform``
     (float32 clamp + ``torch.histc`` in chunks of ``2**24`` elements, so counts are exact),
-    and the layer's per-sample gradients are freed right after.
+    and the layer's per-sample gradients are freed right after. Small parameters with the
+    same number of elements are binned together (``pooled_fn``: one quantization and one
+    ``bincount`` for all of them), with the same counts.
 
     Range adaptation (``adapt``) needs the global maximum before binning, which is only
     known once every layer was binned. So, like Cockpit 1.0.2 (which adapts in ``track``
@@ -110,7 +114,12 @@ class GradHist1d(Quantity):
             key = f"grad_hist_1d[{self.key}](bins={bins},adaptive)"
         # counts add up across processes; the last entry (max |g|) is a maximum
         return per_sample_transform(
-            key, self._transform, reduce="sum", max_last=1, factored_fn=self._factored
+            key,
+            self._transform,
+            reduce="sum",
+            max_last=1,
+            factored_fn=self._factored,
+            pooled_fn=self._pooled,
         )
 
     def requirements(self) -> Requirements:
@@ -131,6 +140,10 @@ class GradHist1d(Quantity):
             n_zero = grads.batch_size * grads.num_embeddings * grads.dim - grads.rows.numel()
             return hist1d_sparse(grads.rows, n_zero, lo, hi, self.config.bins)
         return NotImplemented  # e.g. convolutions: the core bins blocks of samples with fn
+
+    def _pooled(self, pool: PooledGrads) -> Tensor:
+        lo, hi = self._range
+        return hist1d_pool(pool.grads, lo, hi, self.config.bins)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""

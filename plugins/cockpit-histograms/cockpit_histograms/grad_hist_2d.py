@@ -11,6 +11,7 @@ from torch import Tensor
 from cockpit_core import (
     OuterProductGrads,
     PerSampleGrads,
+    PooledGrads,
     Quantity,
     QuantityConfig,
     Requirements,
@@ -29,6 +30,7 @@ from cockpit_histograms._binning import (
     stack_layers,
 )
 from cockpit_histograms._factored2d import hist2d_factored
+from cockpit_histograms._pooled import hist2d_pool
 
 Range = tuple[float, float]
 
@@ -83,7 +85,8 @@ class GradHist2d(Quantity):
     per-sample gradients are freed right after. For linear layers (BackPACK backend) the
     per-sample gradients ``g_n = d_n a_n^T`` are not formed: products with a zero factor
     are counted from the zero masks and the others formed in small blocks, with the same
-    counts. Range adaptation works as for
+    counts. Small parameters with the same number of elements are binned together
+    (``pooled_fn``), with the same counts. Range adaptation works as for
     :class:`~cockpit_histograms.GradHist1d`: the maxima seen at a tracked step set the
     ranges of the next tracked step.
 
@@ -125,7 +128,12 @@ class GradHist2d(Quantity):
             key = f"grad_hist_2d[{self.key}](bins=({xbins},{ybins}),adaptive)"
         # counts add up across processes; the last two entries (max |g|, |theta|) are maxima
         return per_sample_transform(
-            key, self._transform, reduce="sum", max_last=2, factored_fn=self._factored
+            key,
+            self._transform,
+            reduce="sum",
+            max_last=2,
+            factored_fn=self._factored,
+            pooled_fn=self._pooled,
         )
 
     def requirements(self) -> Requirements:
@@ -141,6 +149,9 @@ class GradHist2d(Quantity):
         if isinstance(grads, OuterProductGrads) and not grads.has_sequence:
             return hist2d_factored(grads.d, grads.a, param, self._range, self.config.bins)
         return NotImplemented  # e.g. convolutions: the core bins blocks of samples with fn
+
+    def _pooled(self, pool: PooledGrads) -> Tensor:
+        return hist2d_pool(pool.grads, pool.params, self._range, self.config.bins)
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return the histogram (see ``docs/quantities/histograms.md`` for the layout)."""

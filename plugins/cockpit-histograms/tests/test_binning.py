@@ -9,6 +9,7 @@ import torch
 from cockpit_histograms import GradHist1d, GradHist2d, RangeAdaptation
 
 from cockpit_core import Cockpit
+from cockpit_core.statistics import pool
 from cockpit_core.testing import tiny_mlp
 
 INF, NAN = float("inf"), float("nan")
@@ -124,13 +125,17 @@ def test_nonfinite_gradients_do_not_crash_a_run():
     )
 
 
-def test_a_failing_kernel_is_reported_without_breaking_backward(monkeypatch):
+@pytest.mark.parametrize("pooled", [True, False])
+def test_a_failing_kernel_is_reported_without_breaking_backward(monkeypatch, pooled):
     import cockpit_histograms.grad_hist_1d as module
 
     def broken(*args, **kwargs):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(module, "hist1d_layer", broken)
+    # the per-parameter kernel, or the one binning small parameters together
+    monkeypatch.setattr(module, "hist1d_pool" if pooled else "hist1d_layer", broken)
+    if not pooled:
+        monkeypatch.setattr(pool, "MEMBER_BYTES", 0)
     from cockpit_core.testing import run_cockpit
 
     with warnings.catch_warnings():

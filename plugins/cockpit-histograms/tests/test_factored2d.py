@@ -13,6 +13,7 @@ import torch
 from cockpit_backpack import extend
 from cockpit_histograms import GradHist2d, _binning, _factored2d
 
+from cockpit_core.statistics import pool
 from cockpit_core.testing import run_cockpit
 from cockpit_core.testing.problems import Problem
 from cockpit_core.testing.reference import per_sample_gradients
@@ -204,6 +205,7 @@ def relu_mlp(batch_size=16, seed=0):
 @pytest.mark.parametrize("gather_cost", [0.0, 1e9])
 def test_a_relu_mlp_run_equals_brute_force(monkeypatch, gather_cost, reference_2d):
     """End to end through the core: the linear weights take the factored path."""
+    monkeypatch.setattr(pool, "MEMBER_BYTES", 0)  # small layers would be binned together
     monkeypatch.setattr(_factored2d, "GATHER_COST", gather_cost)
     calls = []
     blocks = _factored2d._blocks

@@ -13,6 +13,7 @@ import torch
 from cockpit_histograms import GradHist1d, GradHist2d
 
 from cockpit_core import MissingInfoError
+from cockpit_core.statistics import pool
 from cockpit_core.testing import check_quantity, run_cockpit, tiny_cnn, tiny_mlp
 from cockpit_core.testing.reference import per_sample_gradients
 
@@ -105,25 +106,33 @@ def test_range_adaptation_uses_the_previous_tracked_step(kind):
     assert q.current_range == pytest.approx(ranges[-1], rel=1e-15)
 
 
-def test_equal_options_share_one_statistic(monkeypatch):
+@pytest.mark.parametrize("pooled", [True, False])
+def test_equal_options_share_one_statistic(monkeypatch, pooled):
     """Two instances with the same bins/range bin each layer once and get equal values."""
     import cockpit_histograms.grad_hist_1d as module
 
-    calls = []
+    calls: list[int] = []  # one entry per parameter binned alone
+    pooled_rows: list[int] = []  # one entry per parameter binned in a pool
 
-    def counting(original):
+    def counting(original, into=calls):
         def kernel(*args, **kwargs):
-            calls.append(1)
-            return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            into.extend([1] * (len(out) if into is pooled_rows else 1))
+            return out
 
         return kernel
 
+    if not pooled:
+        monkeypatch.setattr(pool, "MEMBER_BYTES", 0)
     monkeypatch.setattr(module, "hist1d_layer", counting(module.hist1d_layer))
     monkeypatch.setattr(module, "hist1d_factored", counting(module.hist1d_factored))
+    monkeypatch.setattr(module, "hist1d_pool", counting(module.hist1d_pool, pooled_rows))
     quantities = [GradHist1d(label="a"), GradHist1d(label="b"), GradHist1d(label="c", bins=10)]
     result = run_cockpit(tiny_mlp(), quantities, steps=2)
     n_params = len(list(result.model.parameters()))
-    assert len(calls) == 2 * 2 * n_params  # two distinct statistics, two steps
+    # two distinct statistics, two steps: each parameter binned once, alone or in a pool
+    assert len(calls) + len(pooled_rows) == 2 * 2 * n_params
+    assert (len(pooled_rows) > 0) == pooled
     for values in result.output.values():
         np.testing.assert_array_equal(values["a"]["hist"], values["b"]["hist"])
 
