@@ -234,7 +234,7 @@ SUM_GRAD_SQUARED_KIND = StatisticKind(
     combine="sum",
     description="sum_n g_n * g_n, parameter shape",
     from_per_sample=lambda g, s, p: g.sum_grad_squared(),
-    from_pooled=lambda pool, s: _squares(pool).sum(1),
+    from_pooled=lambda pool, s: _squares(pool).sum(1).view(pool.count, *pool.shape),
 )
 BATCH_DOT_KIND = StatisticKind(
     "batch_dot",

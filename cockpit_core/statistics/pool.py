@@ -8,17 +8,21 @@ operations against ~350 of the plain step (``benchmarks/op_counts.py``).
 
 So :meth:`Collection.deliver <cockpit_core.statistics.provider.Collection.deliver>` does not
 reduce a small parameter at once: it forms its per-sample gradients and holds them in a
-:class:`Pool` of parameters with the same number of elements. When the pools hold more than
+:class:`Pool` of parameters with the same shape. When the pools hold more than
 :data:`POOL_BYTES`, and when ``backward`` ends, each pool is stacked into one ``[P, B, D]``
-tensor (a :class:`PooledGrads`) and every statistic is computed for its ``P`` parameters by
+tensor (a :class:`~cockpit_core.statistics.pooled.PooledGrads`) and every statistic is computed for its ``P`` parameters by
 the same few batched operations, e.g. ``||g_n||^2`` of all of them as one
 ``(G * G).sum(-1)``. Transformer layers repeat their shapes, so a deep model has no more
 pools than a shallow one.
 
 A statistic is pooled when its kind says how (``from_pooled``, which a transform provides
 through its ``pooled_fn``); a parameter is pooled only if every statistic wanted of it is,
-and its per-sample gradients take at most :data:`MEMBER_BYTES`. The values equal those of
-:func:`~cockpit_core.statistics.reduce.reduce_per_sample` up to rounding.
+and its per-sample gradients take at most :data:`MEMBER_BYTES`. Projections formed after
+``backward`` (under ``torch.distributed`` or gradient accumulation) are not pooled: the
+parameter's compact form is kept for them. The values equal those of
+:func:`~cockpit_core.statistics.reduce.reduce_per_sample` up to rounding; on the small
+models of ``benchmarks/real_models.py`` a tracked step took 25-44% less time
+(``benchmarks/results/pooling.md``).
 """
 
 from __future__ import annotations
@@ -79,9 +83,12 @@ def member_grads(grads: PerSampleGrads, param: Tensor, kept: bool) -> Tensor | N
     if grads.batch_size * param.numel() * max(4, param.element_size()) > MEMBER_BYTES:
         return None
     if not kept:
-        return grads.materialize()
-    blocks = list(grads.blocks())
-    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        dense = grads.materialize()
+    else:
+        blocks = list(grads.blocks())
+        dense = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    # under backward(create_graph=True) the output gradients carry a graph: not held
+    return dense.detach() if dense.requires_grad else dense
 
 
 def reduce_pool(pool: Pool) -> tuple[dict[Identity, list[Any]], dict[Identity, str]]:
@@ -108,7 +115,7 @@ def reduce_pool(pool: Pool) -> tuple[dict[Identity, list[Any]], dict[Identity, s
                 value = stat.kind.from_pooled(stacked, stat)
             if value is NotImplemented:  # no pooled form for these: each parameter on its own
                 value = _one_by_one(stat, stacked, shape)
-            values[stat.identity] = _per_param(stat, value, shape)
+            values[stat.identity] = _per_param(value)
         except (KeyboardInterrupt, GeneratorExit):
             raise
         except BaseException as err:  # plugin code must not break backward()
@@ -134,10 +141,8 @@ def _one_by_one(stat: Any, pool: PooledGrads, shape: tuple[int, ...]) -> list[Te
     ]
 
 
-def _per_param(stat: Any, value: Tensor | list[Tensor], shape: tuple[int, ...]) -> list[Tensor]:
-    """The parameters' values: the rows of a pooled value (elementwise ones in the parameter's shape)."""
+def _per_param(value: Tensor | list[Tensor]) -> list[Tensor]:
+    """The parameters' values: the rows of a pooled value."""
     if isinstance(value, list):
         return [v.detach() for v in value]
-    if stat.kind == "sum_grad_squared":
-        value = value.view(value.shape[0], *shape)
     return list(value.detach().unbind(0))
