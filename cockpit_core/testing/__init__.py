@@ -38,6 +38,15 @@ at once::
     def test_everything_my_plugin_registers():
         check_plugin("my_plugin")  # its entry-point name, once installed
 
+A quantity's tensor operations per tracked step should not grow with the number of
+parameters (:mod:`cockpit_core.testing.operations`)::
+
+    from cockpit_core.testing import quantity_operations
+
+    def test_cost_does_not_grow_with_the_parameters():
+        few = quantity_operations("my_quantity", hidden_layers=1, package=my_plugin)
+        assert 0 < few == quantity_operations("my_quantity", hidden_layers=6, package=my_plugin)
+
 Installing ``cockpit-core`` also registers a pytest plugin with the fixtures
 ``cockpit_tiny_mlp`` and ``cockpit_tiny_cnn``; :func:`tiny_transformer` is a model
 BackPACK only partly supports (embedding, attention, LayerNorm).
@@ -45,6 +54,7 @@ BackPACK only partly supports (embedding, attention, LayerNorm).
 
 from cockpit_core.testing.conformance import ConformanceError, check_quantity
 from cockpit_core.testing.instrument_checks import check_instrument
+from cockpit_core.testing.operations import OperationCounter, quantity_operations
 from cockpit_core.testing.plugin_checks import PluginReport, check_plugin
 from cockpit_core.testing.problems import Problem, tiny_cnn, tiny_mlp
 from cockpit_core.testing.providers.kit import ProviderReport, check_provider
@@ -53,6 +63,7 @@ from cockpit_core.testing.transformer import tiny_transformer
 
 __all__ = [
     "ConformanceError",
+    "OperationCounter",
     "PluginReport",
     "Problem",
     "ProviderReport",
@@ -62,6 +73,7 @@ __all__ = [
     "check_plugin",
     "check_provider",
     "check_quantity",
+    "quantity_operations",
     "run_cockpit",
     "tiny_cnn",
     "tiny_mlp",

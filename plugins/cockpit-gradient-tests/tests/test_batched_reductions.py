@@ -8,10 +8,7 @@ still accumulate in float64 when the statistics and gradients are float32.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,65 +16,18 @@ import cockpit_gradient_tests
 import pytest
 import torch
 from cockpit_gradient_tests._common import ShapeGroups, per_sample64, squared_norms
-from torch.utils._python_dispatch import TorchDispatchMode
 
-import cockpit_core
-from cockpit_core import BATCH_L2, Cockpit, MisuseError
+from cockpit_core import BATCH_L2, MisuseError
+from cockpit_core.testing import quantity_operations
 
-PLUGIN = str(Path(cockpit_gradient_tests.__file__).parent)
-CORE = str(Path(cockpit_core.__file__).parent)
 NAMES = ["norm_test", "inner_test", "ortho_test", "mean_gsnr", "early_stopping", "cabs"]
-
-
-class PluginOps(TorchDispatchMode):
-    """Counts the ATen operations whose innermost cockpit frame is in this plugin.
-
-    Operations of the core that the plugin calls (``ctx.grads``, ``layered``) and of the
-    backward pass are not counted.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        frame = sys._getframe(1)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if filename.startswith(PLUGIN):
-                self.count += 1
-                break
-            if filename.startswith(CORE):
-                break
-            frame = frame.f_back
-        return func(*args, **(kwargs or {}))
-
-
-def plugin_ops(name: str, hidden_layers: int) -> int:
-    """Operations ``name`` issues at the second tracked step of a tanh MLP (float64)."""
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = [torch.nn.Linear(3, 4), torch.nn.Tanh()]
-    for _ in range(hidden_layers):
-        layers += [torch.nn.Linear(4, 4), torch.nn.Tanh()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(4, 2)).double()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cp = Cockpit(model, [name], on_error="raise")
-    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 2, (8,))
-    counter = PluginOps()
-    for step in range(2):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        with counter if step == 1 else contextlib.nullcontext():
-            with cp(step, info={"loss": loss, "batch_size": 8, "optimizer": opt}):
-                loss.backward()
-        opt.step()
-    assert name in cp.get_output()[1]
-    return counter.count
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_operations_do_not_grow_with_the_number_of_parameters(name):
-    few, many = plugin_ops(name, hidden_layers=1), plugin_ops(name, hidden_layers=6)
+    few, many = (
+        quantity_operations(name, hidden_layers=n, package=cockpit_gradient_tests) for n in (1, 6)
+    )
     assert few > 0  # the counter sees the plugin's operations
     assert few == many  # 6 parameters or 16: the same operations, on stacked tensors
 
