@@ -106,8 +106,8 @@ class StatisticKind(str):
         from_pooled: Optional, for per-sample kinds: ``fn(pool, statistic)`` computing the
             values of several parameters with the same number of elements at once from a
             :class:`~cockpit_core.statistics.pooled.PooledGrads` (``[P, B, D]``); entry ``p``
-            of the result must equal ``from_per_sample`` of parameter ``p`` up to rounding
-            (for elementwise values, flattened). Small parameters are then reduced together
+            of the result must equal ``from_per_sample`` of parameter ``p`` (same shape) up
+            to rounding. Small parameters are then reduced together
             (:mod:`cockpit_core.statistics.pool`).
         install_hint: What to install when no installed provider delivers the kind
             (e.g. ``"pip install cockpit-backpack"``); shown in errors.

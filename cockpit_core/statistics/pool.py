@@ -37,6 +37,7 @@ from torch import Tensor
 from cockpit_core.statistics.per_sample import DenseGrads, PerSampleGrads
 from cockpit_core.statistics.pooled import PooledGrads
 from cockpit_core.statistics.projection import directions
+from cockpit_core.statistics.reduce import FAILED, attempt
 
 MEMBER_BYTES = 1 << 19
 """Largest per-sample gradients (bytes, ``B x D``) of a parameter that is pooled (512 KiB).
@@ -104,25 +105,31 @@ def reduce_pool(pool: Pool) -> tuple[dict[Identity, list[Any]], dict[Identity, s
     """
     grads = torch.stack(pool.grads)
     pool.grads.clear()  # the stack holds them now
-    shape = tuple(pool.params[0].shape)
+    shape = (grads.shape[1], *pool.params[0].shape)  # one parameter's [B, *shape]
     stacked = PooledGrads(grads.view(grads.shape[0], grads.shape[1], -1), pool.params)
     values: dict[Identity, list[Any]] = {}
     failures: dict[Identity, str] = {}
-    for stat in pool.stats:
-        try:
-            value: Any
-            if stat.combine == "project":
-                value = _project(stat, stacked, pool.finals)
-            else:
-                value = stat.kind.from_pooled(stacked, stat)
-            if value is NotImplemented:  # no pooled form for these: each parameter on its own
-                value = _one_by_one(stat, stacked, shape)
-            values[stat.identity] = _per_param(value)
-        except (KeyboardInterrupt, GeneratorExit):
-            raise
-        except BaseException as err:  # plugin code must not break backward()
-            failures[stat.identity] = f"{type(err).__name__}: {err}"
+    for stat in pool.stats:  # plugin code runs here during backward(): attempt() guards it
+        value = attempt(stat, failures, _pooled_value, stat, stacked, pool.finals)
+        if value is NotImplemented:  # no pooled form for these: each parameter on its own
+            rows = [
+                attempt(
+                    stat, failures, stat.kind.from_per_sample, DenseGrads(g.view(shape)), stat, p
+                )
+                for g, p in zip(stacked.grads, stacked.params)
+            ]
+            if stat.identity not in failures:
+                values[stat.identity] = rows
+        elif value is not FAILED:
+            values[stat.identity] = list(value.unbind(0))
     return values, failures
+
+
+def _pooled_value(stat: Any, pool: PooledGrads, finals: Sequence[Callable[[], Tensor]]) -> Any:
+    """The statistic of every parameter of ``pool``: first axis the parameters, or ``NotImplemented``."""
+    if stat.combine == "project":
+        return _project(stat, pool, finals)
+    return stat.kind.from_pooled(pool, stat)
 
 
 def _project(stat: Any, pool: PooledGrads, finals: Sequence[Callable[[], Tensor]]) -> Tensor:
@@ -132,19 +139,3 @@ def _project(stat: Any, pool: PooledGrads, finals: Sequence[Callable[[], Tensor]
         return torch.bmm(pool.grads, gradient.unsqueeze(2))[..., 0]
     vectors = [directions(stat, final(), p) for final, p in zip(finals, pool.params)]
     return torch.bmm(pool.grads, pool.stack(vectors).transpose(1, 2))
-
-
-def _one_by_one(stat: Any, pool: PooledGrads, shape: tuple[int, ...]) -> list[Tensor]:
-    """A statistic whose pooled form declined: its per-parameter rule on each parameter."""
-    batch = pool.batch_size
-    return [
-        stat.kind.from_per_sample(DenseGrads(g.view(batch, *shape)), stat, p)
-        for g, p in zip(pool.grads, pool.params)
-    ]
-
-
-def _per_param(value: Tensor | list[Tensor]) -> list[Tensor]:
-    """The parameters' values: the rows of a pooled value."""
-    if isinstance(value, list):
-        return [v.detach() for v in value]
-    return list(value.detach().unbind(0))

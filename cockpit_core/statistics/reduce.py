@@ -91,8 +91,8 @@ def reduce_per_sample(
         _direct(stat, grads, theta, final_gradient, values, failures)
     declined = []
     for stat in factored:
-        value = _attempt(stat, failures, stat.factored_fn, grads, theta)
-        if value is _FAILED:
+        value = attempt(stat, failures, stat.factored_fn, grads, theta)
+        if value is FAILED:
             continue
         if value is NotImplemented:  # no fast path for this form: fn on the tensors
             declined.append(stat)
@@ -121,16 +121,16 @@ def _elementwise(
             for stat in stats:
                 if stat.identity in failures:
                     continue
-                part = _attempt(stat, failures, compute, stat, dense, theta)
-                if part is _FAILED:
+                part = attempt(stat, failures, compute, stat, dense, theta)
+                if part is FAILED:
                     values.pop(stat.identity, None)
                     continue
                 values[stat.identity] = combine(stat, values.get(stat.identity), part)
         return
     whole = DenseGrads(grads.materialize())  # some statistic needs it: form it once for all
     for stat in stats:
-        value = _attempt(stat, failures, compute, stat, whole, theta)
-        if value is not _FAILED:
+        value = attempt(stat, failures, compute, stat, whole, theta)
+        if value is not FAILED:
             values[stat.identity] = value
 
 
@@ -152,25 +152,25 @@ def _direct(
         if final_gradient is None:
             values[stat.identity] = grads  # projected after backward
             return
-        value = _attempt(stat, failures, lambda: project(stat, grads, final_gradient(), theta))
+        value = attempt(stat, failures, lambda: project(stat, grads, final_gradient(), theta))
     else:
-        value = _attempt(stat, failures, stat.kind.from_per_sample, grads, stat, theta)
-    if value is not _FAILED:
+        value = attempt(stat, failures, stat.kind.from_per_sample, grads, stat, theta)
+    if value is not FAILED:
         values[stat.identity] = value
 
 
-_FAILED = object()
-"""What :func:`_attempt` returns when the computation raised."""
+FAILED = object()
+"""What :func:`attempt` returns when the computation raised."""
 
 
-def _attempt(
+def attempt(
     stat: Any, failures: dict[Identity, str], compute: Callable[..., Any], *args: Any
 ) -> Any:
     """``compute(*args)`` detached (or ``NotImplemented``); on an exception, record it for ``stat``.
 
     Plugin code (a transform, a kind's rule, projection directions) runs here during the
     user's ``backward()``: whatever it raises, even ``SystemExit``, is recorded in
-    ``failures`` and :data:`_FAILED` returned, so that backward goes on. Only
+    ``failures`` and :data:`FAILED` returned, so that backward goes on. Only
     ``KeyboardInterrupt`` and ``GeneratorExit`` propagate.
     """
     try:
@@ -180,4 +180,4 @@ def _attempt(
         raise
     except BaseException as err:  # a failing transform (even SystemExit) must not break backward()
         failures[stat.identity] = f"{type(err).__name__}: {err}"
-        return _FAILED
+        return FAILED

@@ -81,17 +81,23 @@ def _problem():
     return params, dense, forms
 
 
-def _collect(params, forms, pooling: bool, stats=STATS) -> Collection:
+def _collection(params, stats, pooling: bool, eager: bool = True) -> Collection:
+    """Every statistic wanted of every parameter; ``eager``: projections during backward."""
     slots = [ParamSlot(i, f"p{i}", p) for i, p in enumerate(params)]
     everyone = frozenset(range(len(params)))
-    col = Collection(
+    return Collection(
         statistics=stats,
         targets={s.identity: everyone for s in stats},
         slots=slots,
         batch_size=B,
-        eager=True,
+        eager=eager,
         pooling=pooling,
     )
+
+
+def _collect(params, forms, pooling: bool, stats=STATS, eager: bool = True) -> Collection:
+    """Deliver every parameter's form, then reduce what is held."""
+    col = _collection(params, stats, pooling, eager)
     for i, form in enumerate(forms):
         col.deliver(i, form())
     col.flush()
@@ -169,14 +175,7 @@ def test_a_failing_pooled_form_loses_only_its_statistic():
 def test_received_reduces_what_is_held():
     """A provider asking ``received`` inside its ``collect`` sees pooled parameters' values."""
     params, _, forms = _problem()
-    slots = [ParamSlot(i, f"p{i}", p) for i, p in enumerate(params)]
-    col = Collection(
-        statistics=(BATCH_L2,),
-        targets={BATCH_L2.identity: frozenset(range(len(params)))},
-        slots=slots,
-        batch_size=B,
-        pooling=True,
-    )
+    col = _collection(params, (BATCH_L2,), pooling=True)
     col.deliver(0, forms[0]())
     assert BATCH_L2.identity not in col.results  # held
     assert col.received(BATCH_L2, 0)
@@ -186,18 +185,7 @@ def test_received_reduces_what_is_held():
 def test_deferred_projections_keep_each_parameter_alone(pooled, monkeypatch):
     """Without the final gradient (DDP, accumulation) a projection is not pooled."""
     params, _, forms = _problem()
-    slots = [ParamSlot(i, f"p{i}", p) for i, p in enumerate(params)]
-    col = Collection(
-        statistics=(BATCH_PROJECTION,),
-        targets={BATCH_PROJECTION.identity: frozenset(range(len(params)))},
-        slots=slots,
-        batch_size=B,
-        eager=False,
-        pooling=pooled,
-    )
-    for i, form in enumerate(forms):
-        col.deliver(i, form())
-    col.flush()
+    col = _collect(params, forms, pooling=pooled, stats=(BATCH_PROJECTION,), eager=False)
     values = col.results[BATCH_PROJECTION.identity]
     assert all(not isinstance(v, torch.Tensor) for v in values)  # deferred compact forms
 
@@ -208,19 +196,7 @@ def test_deferred_projections_stay_compact_while_the_rest_is_pooled(monkeypatch)
     held = []
     original = pool.reduce_pool
     monkeypatch.setattr(pool, "reduce_pool", lambda p: held.append(list(p.indices)) or original(p))
-    slots = [ParamSlot(i, f"p{i}", p) for i, p in enumerate(params)]
-    stats = (BATCH_L2, BATCH_PROJECTION)
-    col = Collection(
-        statistics=stats,
-        targets={s.identity: frozenset(range(len(params))) for s in stats},
-        slots=slots,
-        batch_size=B,
-        eager=False,
-        pooling=True,
-    )
-    for i, form in enumerate(forms):
-        col.deliver(i, form())
-    col.flush()
+    col = _collect(params, forms, pooling=True, stats=(BATCH_L2, BATCH_PROJECTION), eager=False)
     assert sorted(i for group in held for i in group) == list(range(len(params)))
     gen = torch.Generator().manual_seed(3)
     for i, (p, g) in enumerate(zip(params, dense)):
