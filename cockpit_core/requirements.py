@@ -36,6 +36,7 @@ from cockpit_core.statistics.kinds import (
 )
 from cockpit_core.statistics.statistic import (
     FactoredTransformFn,
+    PooledDirectionsFn,
     PooledTransformFn,
     Statistic,
     TransformFn,
@@ -122,7 +123,12 @@ def per_sample_transform(
     )
 
 
-def per_sample_projection(key: str, directions: Callable[[Tensor, Tensor], Tensor]) -> Statistic:
+def per_sample_projection(
+    key: str,
+    directions: Callable[[Tensor, Tensor], Tensor],
+    *,
+    pooled_directions: PooledDirectionsFn | None = None,
+) -> Statistic:
     """Projections ``g_n . V_k`` on directions that depend on the final mini-batch gradient.
 
     Like :data:`BATCH_PROJECTION` (its special case ``V = g``), the projections are formed
@@ -138,12 +144,25 @@ def per_sample_projection(key: str, directions: Callable[[Tensor, Tensor], Tenso
             called once per parameter with its final mini-batch gradient. It must depend
             only on values that are equal on every process (gradient, parameters,
             optimizer state).
+        pooled_directions: Optional ``pooled_directions(grads, params) -> Tensor``: the
+            directions of ``P`` small parameters of one shape at once, which the core
+            projects pooled per-sample gradients on (see ``pooled_fn`` of
+            :func:`per_sample_transform`). ``grads`` is ``[P, *shape]`` (their final
+            gradients stacked), ``params`` the ``P`` parameters; return ``[P, K, *shape]``
+            whose entry ``p`` is ``directions(grads[p], params[p])`` (up to rounding), or
+            ``NotImplemented`` to have ``directions`` called per parameter.
 
     Returns:
         A statistic whose value per parameter is ``[B, K]``.
 
     """
-    return Statistic(BATCH_PROJECTION_KIND, key=key, fn=directions, reduce="gather")
+    return Statistic(
+        BATCH_PROJECTION_KIND,
+        key=key,
+        fn=directions,
+        reduce="gather",
+        pooled_directions=pooled_directions,
+    )
 
 
 REDUCTIONS = frozenset({None, "sum", "mean", "gather"})

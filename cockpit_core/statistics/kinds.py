@@ -200,10 +200,6 @@ def _pooled_transform(pool: PooledGrads, stat: RequestedStatistic) -> Any:
     return NotImplemented if stat.pooled_fn is None else stat.pooled_fn(pool)
 
 
-def _squares(pool: PooledGrads) -> Tensor:
-    return pool.grads * pool.grads
-
-
 def _scalar_per_sample(param: Tensor) -> tuple[int, ...]:
     return ()
 
@@ -225,7 +221,7 @@ BATCH_L2_KIND = StatisticKind(
     combine="gather",
     description="per-sample squared norms ||g_n||^2, [B]",
     from_per_sample=lambda g, s, p: g.batch_l2(),
-    from_pooled=lambda pool, s: _squares(pool).sum(-1),
+    from_pooled=lambda pool, s: pool.batch_l2(),
     sample_shape=_scalar_per_sample,
 )
 SUM_GRAD_SQUARED_KIND = StatisticKind(
@@ -234,7 +230,7 @@ SUM_GRAD_SQUARED_KIND = StatisticKind(
     combine="sum",
     description="sum_n g_n * g_n, parameter shape",
     from_per_sample=lambda g, s, p: g.sum_grad_squared(),
-    from_pooled=lambda pool, s: _squares(pool).sum(1).view(pool.count, *pool.shape),
+    from_pooled=lambda pool, s: pool.sum_grad_squared(),
 )
 BATCH_DOT_KIND = StatisticKind(
     "batch_dot",

@@ -48,6 +48,15 @@ class PooledGrads:
         """The parameters' shape (``D`` elements)."""
         return self.params[0].shape
 
+    def batch_l2(self) -> Tensor:
+        """``||g_n||^2`` of every parameter and sample, ``[P, B]``."""
+        # one reduction pass: sum(g * g) writes the squares first (~2.5x slower on the CPU)
+        return torch.linalg.vector_norm(self.grads, dim=-1).square_()
+
+    def sum_grad_squared(self) -> Tensor:
+        """``sum_n g_n * g_n`` of every parameter, ``[P, *shape]``."""
+        return (self.grads * self.grads).sum(1).view(self.count, *self.shape)
+
     def stack(self, tensors: Sequence[Tensor]) -> Tensor:
         """One tensor per parameter (its shape, or ``[K, *shape]``) as ``[P, D]`` (``[P, K, D]``).
 

@@ -36,6 +36,10 @@ return ``NotImplemented`` to fall back to ``fn`` on the materialized gradients."
 PooledTransformFn = Callable[["PooledGrads"], Any]
 """``fn(pool) -> Tensor`` of a ``transform`` for several parameters at once (see ``pooled_fn``)."""
 
+PooledDirectionsFn = Callable[[Tensor, tuple[Tensor, ...]], Any]
+"""``fn(grads, params) -> Tensor``: a projection's directions for ``P`` same-shaped parameters
+at once, ``grads`` ``[P, *shape]`` -> ``[P, K, *shape]`` (see ``pooled_directions``)."""
+
 
 @dataclass(frozen=True)
 class Statistic:
@@ -62,6 +66,9 @@ class Statistic:
         pooled_fn: Optional form of a ``transform`` for several small parameters with the
             same number of elements at once (see
             :func:`~cockpit_core.requirements.per_sample_transform`).
+        pooled_directions: Optional form of a projection's ``fn`` (its directions) for
+            several same-shaped parameters at once (see
+            :func:`~cockpit_core.requirements.per_sample_projection`).
 
     """
 
@@ -73,6 +80,7 @@ class Statistic:
     max_last: int = field(default=0, compare=False, hash=False)
     factored_fn: FactoredTransformFn | None = field(default=None, compare=False, hash=False)
     pooled_fn: PooledTransformFn | None = field(default=None, compare=False, hash=False)
+    pooled_directions: PooledDirectionsFn | None = field(default=None, compare=False, hash=False)
     _identity: tuple[str, str] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -143,11 +144,68 @@ class UpdatePredictor:
         if found is None or optimizer is None:
             return generic_direction(grad), "generic"
         param, group = found
-        state = optimizer.state.get(param, {})
+        return self._update(group, optimizer.state.get(param, {}), theta, grad), self.kind
+
+    def stacked(
+        self, params: Sequence[Tensor], theta: Tensor, grad: Tensor
+    ) -> tuple[Tensor, str] | None:
+        """:meth:`__call__` of ``P`` same-shaped ``params`` at once.
+
+        ``theta`` and ``grad`` are their values and gradients stacked, ``[P, *shape]``.
+
+        The formulas are element-wise, so they run once on the stacked parameters and
+        optimizer states. ``None`` where that does not hold: parameters of different
+        parameter groups, or states that differ in their keys or step counts (the caller
+        then predicts one parameter at a time).
+        """
+        optimizer = self._optimizer()
+        found = [self._groups.get((p.data_ptr(), tuple(p.shape))) for p in params]
+        if optimizer is None or any(f is None for f in found):
+            return (generic_direction(grad), "generic") if self.kind == "generic" else None
+        groups = {id(group) for _, group in found}  # type: ignore[misc]  # none is None
+        if len(groups) != 1:
+            return None
+        state = _stack_states([optimizer.state.get(p, {}) for p, _ in found])  # type: ignore[misc]
+        if state is None:
+            return None
+        group = found[0][1]  # type: ignore[index]
+        return self._update(group, state, theta, grad), self.kind
+
+    def _update(
+        self, group: dict[str, Any], state: dict[str, Any], theta: Tensor, grad: Tensor
+    ) -> Tensor:
         with torch.no_grad():  # no graph, even from a differentiable optimizer's state
             if self.kind == "sgd":
-                return sgd_update(group, state, theta, grad), self.kind
+                return sgd_update(group, state, theta, grad)
             if self.kind in ("adam", "adamw"):
                 decoupled = bool(group.get("decoupled_weight_decay", self.kind == "adamw"))
-                return adam_update(group, state, theta, grad, decoupled), self.kind
-            return rmsprop_update(group, state, theta, grad), self.kind
+                return adam_update(group, state, theta, grad, decoupled)
+            return rmsprop_update(group, state, theta, grad)
+
+
+def _stack_states(states: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """One state whose tensors are the parameters' stacked, or ``None`` if they differ.
+
+    Per-parameter tensors (moments, buffers) are stacked; scalars (a step count, stored
+    as a number or a 0-d tensor) must be equal in every state.
+    """
+    keys = set(states[0])
+    if any(set(s) != keys for s in states[1:]):
+        return None
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [s[key] for s in states]
+        first = values[0]
+        if all(isinstance(v, Tensor) and v.shape == first.shape for v in values) and first.dim():
+            out[key] = torch.stack(values)
+        elif all(v is None for v in values):
+            out[key] = None
+        elif all(_scalar(v) and _f(v) == _f(first) for v in values):
+            out[key] = first
+        else:
+            return None
+    return out
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) or (isinstance(value, Tensor) and value.dim() == 0)

@@ -198,7 +198,11 @@ class Alpha(TwoStepQuantity):
 
     def _start_statistic(self) -> Statistic:
         # projected after backward, on directions from the final gradient: exact under DDP
-        return per_sample_projection(f"alpha_start[{self.key}]", self._start_directions)
+        return per_sample_projection(
+            f"alpha_start[{self.key}]",
+            self._start_directions,
+            pooled_directions=self._start_directions_pooled,
+        )
 
     def _end_statistic(self) -> Statistic:
         return per_sample_transform(
@@ -244,6 +248,26 @@ class Alpha(TwoStepQuantity):
         self._directions[_key(param)] = direction
         return torch.stack([grad, param.to(grad.dtype), direction])
 
+    def _start_directions_pooled(self, grads: Tensor, params: tuple[Tensor, ...]) -> Any:
+        """:meth:`_start_directions` of ``P`` same-shaped parameters at once, ``[P, 3, *shape]``.
+
+        ``NotImplemented`` (the core then asks per parameter) where the optimizer's update
+        cannot be predicted for all of them at once (see ``UpdatePredictor.stacked``).
+        """
+        theta = torch.stack(params).to(grads.dtype)
+        if self._predictor is None:
+            predicted: tuple[Tensor, str] | None = (generic_direction(grads), "generic")
+        else:
+            predicted = self._predictor.stacked(params, theta, grads)
+        if predicted is None:
+            return NotImplemented
+        direction, how = predicted
+        self._used.add(how)
+        direction = direction.to(grads.dtype)
+        for param, row in zip(params, direction.unbind(0)):
+            self._directions[_key(param)] = row
+        return torch.stack([grads, theta, direction], dim=1)
+
     def _end_transform(self, per_sample: Tensor, param: Tensor) -> Tensor:
         try:
             update = self._update(param).to(per_sample.dtype)
@@ -264,8 +288,8 @@ class Alpha(TwoStepQuantity):
     def _end_pooled(self, pool: PooledGrads) -> Tensor:
         """``g_n . d`` of a pool of same-shaped parameters at once, ``[P, B]``."""
         try:
-            updates = pool.stack([self._update(p) for p in pool.params])
-            return torch.bmm(pool.grads, updates.unsqueeze(2))[..., 0]
+            updates = self._updates(pool.params).reshape(pool.count, -1).to(pool.grads.dtype)
+            return torch.bmm(updates.unsqueeze(1), pool.grads.mT)[:, 0]  # d G^T: see pool
         except Exception as err:  # reported by compute_end; training goes on
             self._transform_error = err
             return pool.grads.new_empty(pool.count, 0)
@@ -284,6 +308,19 @@ class Alpha(TwoStepQuantity):
             state.update = [stack(state.params, g.indices).sub_(g.theta) for g in state.groups]
         update = state.update[group]
         return update[row : row + 1] if as_row else update[row]
+
+    def _updates(self, params: Sequence[Tensor]) -> Tensor:
+        """``[P, *shape]``: the updates of same-shaped ``params``, rows of one group if they are."""
+        state = self._live() if self._live is not None else None
+        if state is None:
+            raise RuntimeError("the start point's state is gone")
+        places = [state.index[_key(p)] for p in params]
+        group, first = places[0]
+        if places == [(group, first + k) for k in range(len(places))]:
+            self._update(params[0])  # forms the updates at the first call
+            assert state.update is not None
+            return state.update[group][first : first + len(places)]
+        return torch.stack([self._update(p) for p in params])
 
     # -- start and end --------------------------------------------------------------------
 

@@ -56,6 +56,28 @@ def test_predicted_update_equals_the_real_update(name):
             torch.testing.assert_close(p.detach() - b, upd, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_stacked_prediction_equals_the_real_update(name):
+    """Three same-shaped parameters predicted at once, four steps; another group refused."""
+    torch.manual_seed(1)
+    params = [torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64)) for _ in range(4)]
+    opt = OPTIMIZERS[name](params[:3])
+    opt.add_param_group({"params": [params[3]], "lr": 0.003})
+    for _ in range(4):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        predictor = UpdatePredictor(opt)
+        theta = torch.stack([p.detach() for p in params[:3]])
+        grad = torch.stack([p.grad for p in params[:3]])
+        update, how = predictor.stacked(params[:3], theta, grad)
+        assert how == optimizer_kind(opt)
+        assert predictor.stacked(params[2:], theta[:2], grad[:2]) is None  # two groups
+        before = theta.clone()
+        opt.step()
+        after = torch.stack([p.detach() for p in params[:3]])
+        torch.testing.assert_close(after - before, update, rtol=1e-12, atol=1e-15)
+
+
 def test_unknown_optimizer_and_parameter_get_the_generic_direction():
     p = torch.nn.Parameter(torch.randn(3))
     grad = torch.tensor([1.0, -2.0, 0.0])
