@@ -55,8 +55,20 @@ CUBES = per_sample_transform("cubes", _cubes, reduce="sum", pooled_fn=_cubes_poo
 CUBES_DECLINED = per_sample_transform(
     "cubes_declined", _cubes, reduce="sum", pooled_fn=lambda p: NotImplemented
 )
+
+
+def _three_pooled(grads: torch.Tensor, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    theta = torch.stack(params)
+    return torch.stack([grads, theta, grads * theta], dim=1)
+
+
 THREE = per_sample_projection("three", _three)
-STATS = (BATCH_L2, SUM_GRAD_SQUARED, BATCH_PROJECTION, CUBES, CUBES_DECLINED, THREE)
+THREE_POOLED = per_sample_projection("three_pooled", _three, pooled_directions=_three_pooled)
+THREE_DECLINED = per_sample_projection(
+    "three_declined", _three, pooled_directions=lambda grads, params: NotImplemented
+)
+PROJECTIONS = (THREE, THREE_POOLED, THREE_DECLINED)
+STATS = (BATCH_L2, SUM_GRAD_SQUARED, BATCH_PROJECTION, CUBES, CUBES_DECLINED, *PROJECTIONS)
 
 
 def _problem():
@@ -95,18 +107,22 @@ def _collection(params, stats, pooling: bool, eager: bool = True) -> Collection:
     )
 
 
-def _collect(params, forms, pooling: bool, stats=STATS, eager: bool = True) -> Collection:
-    """Deliver every parameter's form, then reduce what is held."""
+def _collect(
+    params, forms, pooling: bool, stats=STATS, eager: bool = True, reverse: bool = False
+) -> Collection:
+    """Deliver every parameter's form (``reverse``: last first, as backward), then reduce."""
     col = _collection(params, stats, pooling, eager)
-    for i, form in enumerate(forms):
-        col.deliver(i, form())
+    order = range(len(forms) - 1, -1, -1) if reverse else range(len(forms))
+    for i in order:
+        col.deliver(i, forms[i]())
     col.flush()
     return col
 
 
-def test_pooled_values_equal_the_definitions():
+@pytest.mark.parametrize("reverse", [False, True])
+def test_pooled_values_equal_the_definitions(reverse):
     params, dense, forms = _problem()
-    col = _collect(params, forms, pooling=True)
+    col = _collect(params, forms, pooling=True, reverse=reverse)
     assert not col.missing
     for i, (p, g) in enumerate(zip(params, dense)):
         flat = g.reshape(B, -1)
@@ -118,7 +134,8 @@ def test_pooled_values_equal_the_definitions():
         _close(col.results[CUBES.identity][i], expected)
         _close(col.results[CUBES_DECLINED.identity][i], expected)
         directions = _three(mean, p.detach()).reshape(3, -1)
-        _close(col.results[THREE.identity][i], flat @ directions.T)
+        for stat in PROJECTIONS:
+            _close(col.results[stat.identity][i], flat @ directions.T)
 
 
 def test_pooled_values_equal_the_per_parameter_path():
@@ -168,6 +185,19 @@ def test_a_failing_pooled_form_loses_only_its_statistic():
     col = _collect(params, forms, pooling=True, stats=(BATCH_L2, failing))
     assert "pooled form broke" in col.missing[failing.identity]
     assert BATCH_L2.identity not in col.missing
+    for i, g in enumerate(dense):
+        _close(col.results[BATCH_L2.identity][i], (g.reshape(B, -1) ** 2).sum(1))
+
+
+def test_failing_pooled_directions_lose_only_their_statistic():
+    params, dense, forms = _problem()
+
+    def broken(grads: torch.Tensor, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        raise ValueError("pooled directions broke")
+
+    failing = per_sample_projection("broken", _three, pooled_directions=broken)
+    col = _collect(params, forms, pooling=True, stats=(BATCH_L2, failing))
+    assert "pooled directions broke" in col.missing[failing.identity]
     for i, g in enumerate(dense):
         _close(col.results[BATCH_L2.identity][i], (g.reshape(B, -1) ** 2).sum(1))
 
