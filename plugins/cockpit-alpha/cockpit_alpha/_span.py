@@ -209,12 +209,13 @@ def _block(
         len(indices), 5, *group.theta.shape[1:], dtype=torch.float64, device=group.theta.device
     )
     grad, theta, direction, update, end_grad = x.unbind(1)
-    with torch.no_grad():  # copied or stacked straight into float64
+    with torch.no_grad():  # stacked in their dtype, then copied into float64 (a stack that
+        # converts as it copies was 1.4-6x slower on the CPU)
         grad.copy_(_rows(group.grad, rows))
         theta.copy_(_rows(group.theta, rows))
-        torch.stack(group.direction[rows], out=direction)
-        torch.stack([params[i] for i in indices], out=update)
-        torch.stack([end_grads[i] for i in indices], out=end_grad)
+        direction.copy_(torch.stack(group.direction[rows]))
+        update.copy_(torch.stack([params[i] for i in indices]))
+        end_grad.copy_(torch.stack([end_grads[i] for i in indices]))
     update.sub_(theta)  # the update d = theta_end - theta_start
     return x.view(len(indices), 5, -1)
 
