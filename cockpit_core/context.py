@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -13,6 +13,8 @@ from cockpit_core.engine.micro_batch_norms import MicroBatchNorms
 from cockpit_core.errors import MisuseError, UnsupportedModelError
 from cockpit_core.statistics.statistic import Statistic
 from cockpit_core.step_data import StepData
+
+T = TypeVar("T")
 
 
 class StepContext:
@@ -81,6 +83,18 @@ class StepContext:
         if ident in self._data.missing:
             raise UnsupportedModelError(self._data.missing[ident])
         return self._data.statistics[ident]  # type: ignore[return-value]
+
+    def shared(self, key: str, compute: Callable[[], T]) -> T:
+        """A value computed once per step for every quantity that asks with the same ``key``.
+
+        For a reduction that several quantities of a plugin need (e.g. the gradient tests'
+        projections and norms): the first caller's ``compute()`` runs, the others get its
+        result, and it is dropped when the step ends. Name the key after the plugin
+        (``"cockpit_gradient_tests.gram"``), and share only values computed from what every
+        caller declared in its requirements. If ``compute`` raises, nothing is kept and
+        the next caller computes again (and gets its own error).
+        """
+        return self._data.shared(key, compute)
 
     def probe(self, key: str) -> dict[str, list[Any]]:
         """What the probe ``key`` recorded in this step's forward passes.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -12,6 +12,8 @@ from cockpit_core.engine.hvp import HessianVectorProducts
 from cockpit_core.engine.micro_batch_norms import MicroBatchNorms
 from cockpit_core.engine.mixed_precision import float_dtype
 from cockpit_core.observe.probe import ProbeResults
+
+T = TypeVar("T")
 
 
 class StepData:
@@ -44,6 +46,7 @@ class StepData:
         self.micro_batch_norms = micro_batch_norms
         # given under torch.distributed (the global batch's gradient), else read lazily
         self._grads: list[Tensor] | None = None if grads is None else list(grads)
+        self._shared: dict[str, Any] = {}
 
     @property
     def grads(self) -> list[Tensor]:
@@ -56,9 +59,16 @@ class StepData:
             self._grads = [_unscaled(p, self.grad_scale) for p in self.params]
         return self._grads
 
+    def shared(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, called once per step for all callers with the same ``key``."""
+        if key not in self._shared:
+            self._shared[key] = compute()  # if it raises, the next caller computes again
+        return self._shared[key]  # type: ignore[no-any-return]
+
     def release(self) -> None:
         """Free per-step buffers and the Hessian graph."""
         self.statistics = {}
+        self._shared = {}
         self._grads = None
         self.info = {}
         self.probes = ProbeResults()

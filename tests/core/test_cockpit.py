@@ -79,6 +79,34 @@ def test_shared_statistics_are_computed_once_per_parameter_and_step():
     assert result.output[0]["counting"] == result.output[0]["counting_2"]
 
 
+def test_shared_values_are_computed_once_per_step_for_every_quantity():
+    """``ctx.shared``: one ``compute`` per step and key; a raising compute is not kept."""
+    calls: list[int] = []
+
+    class Sharing(Quantity):
+        name = "sharing"
+
+        def compute(self, ctx):
+            def grad_sum() -> float:
+                calls.append(ctx.step)
+                return float(sum(g.sum() for g in ctx.grads))
+
+            def broken() -> float:
+                raise ValueError("no")
+
+            for _ in range(2):  # a raising compute runs again for the next caller
+                with pytest.raises(ValueError):
+                    ctx.shared("test.broken", broken)
+            return ctx.shared("test.grad_sum", grad_sum)
+
+    result = run_cockpit(tiny_mlp(), [Sharing(), Sharing(label="sharing_2")], steps=3)
+    assert calls == [0, 1, 2]  # once per step, for both quantities
+    for step, snapshot in enumerate(result.snapshots):
+        expected = float(sum(g.sum() for g in snapshot.grads))
+        assert result.output[step]["sharing"] == result.output[step]["sharing_2"]
+        assert result.output[step]["sharing"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_per_sample_buffers_are_freed_during_backprop():
     seen = []
 

@@ -48,14 +48,21 @@ def require_samples(name: str, batch_size: int, minimum: int = 2) -> None:
 def per_sample64(ctx: StepContext, statistic: Statistic, name: str) -> Tensor:
     """A per-sample statistic (``[B]`` per parameter) as one float64 ``[P, B]`` tensor.
 
-    One ``torch.stack`` and one conversion for all parameters. Rows of parameters that
-    received no gradient are zero. ``B`` is the statistics' length (``ctx.batch_size`` if no
+    One ``torch.stack`` and one conversion for all parameters, once per step for all the
+    quantities that ask (the tensor is shared: do not modify it in place). Rows of
+    parameters that received no gradient are zero. ``B`` is the statistics' length (``ctx.batch_size`` if no
     parameter has one).
 
     Raises:
         MisuseError: ``B < 2``: the quantities estimate a sample variance.
 
     """
+    # the tests of a step read the same statistics: stacked once (ctx.shared)
+    key = f"cockpit_gradient_tests.per_sample64{statistic.identity}"
+    return ctx.shared(key, lambda: _per_sample64(ctx, statistic, name))
+
+
+def _per_sample64(ctx: StepContext, statistic: Statistic, name: str) -> Tensor:
     values: list[Tensor | None] = list(ctx.stat(statistic))
     rows = [v for v in values if v is not None]
     batch_size = int(rows[0].shape[0]) if rows else ctx.batch_size
@@ -77,6 +84,11 @@ def squared_norms(tensors: Sequence[Tensor]) -> Tensor:
     return torch.stack(torch._foreach_norm(list(tensors), 2, dtype=torch.float64)).pow(2)
 
 
+def grad_squared_norms(ctx: StepContext) -> Tensor:
+    """:func:`squared_norms` of the mini-batch gradients, once per step for all quantities."""
+    return ctx.shared("cockpit_gradient_tests.grad_sq", lambda: squared_norms(ctx.grads))
+
+
 def gram_reductions(ctx: StepContext, name: str) -> tuple[int, Tensor, Tensor, Tensor]:
     """Per-parameter projections on the mini-batch gradient (``BATCH_PROJECTION``, ``BATCH_L2``).
 
@@ -87,12 +99,13 @@ def gram_reductions(ctx: StepContext, name: str) -> tuple[int, Tensor, Tensor, T
     Returns:
         ``(B, proj, sum_sq, grad_sq)``: ``proj[p, n] = g_{n,p} . g_p``, the projection of each
         sample's gradient on the mini-batch gradient; ``sum_sq[p] = sum_n ||g_{n,p}||^2``;
-        ``grad_sq[p] = ||g_p||^2`` from ``p.grad``.
+        ``grad_sq[p] = ||g_p||^2`` from ``p.grad`` (shared tensors: do not modify them
+        in place).
 
     """
     proj = per_sample64(ctx, BATCH_PROJECTION, name)
     sum_sq = per_sample64(ctx, BATCH_L2, name).sum(1)
-    return proj.shape[1], proj, sum_sq, squared_norms(ctx.grads)
+    return proj.shape[1], proj, sum_sq, grad_squared_norms(ctx)
 
 
 class ShapeGroups:

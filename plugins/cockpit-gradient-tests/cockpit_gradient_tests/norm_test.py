@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from cockpit_core import BATCH_L2, Quantity, Requirements, StepContext, layered
-from cockpit_gradient_tests._common import per_sample64, squared_norms
+from cockpit_gradient_tests._common import grad_squared_norms, per_sample64
 
 
 class NormTest(Quantity):
@@ -36,7 +36,7 @@ class NormTest(Quantity):
         """Return ``{"total": float, "per_param": np.ndarray}`` of ``theta_max``."""
         batch_l2 = per_sample64(ctx, BATCH_L2, self.key)
         batch_size = batch_l2.shape[1]
-        sum_sq, grad_sq = batch_l2.sum(1), squared_norms(ctx.grads)
+        sum_sq, grad_sq = batch_l2.sum(1), grad_squared_norms(ctx)
         return layered(
             _theta_max(sum_sq.sum(), grad_sq.sum(), batch_size),
             _theta_max(sum_sq, grad_sq, batch_size),

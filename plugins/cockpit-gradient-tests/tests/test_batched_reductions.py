@@ -58,7 +58,12 @@ def test_shape_groups_sum_each_parameter_in_parameter_order():
 
 def _context(values: list[torch.Tensor | None], batch_size: int = 5) -> Any:
     grads = [torch.zeros(2, dtype=torch.float32)]
-    return SimpleNamespace(stat=lambda statistic: values, batch_size=batch_size, grads=grads)
+    return SimpleNamespace(
+        stat=lambda statistic: values,
+        batch_size=batch_size,
+        grads=grads,
+        shared=lambda key, compute: compute(),
+    )
 
 
 def test_per_sample_statistics_are_stacked_in_float64_with_zeros_where_missing():
