@@ -1,11 +1,12 @@
 """Overhead of cockpit over plain training, measured side by side (issues 7 and 16).
 
 Runs plain training and every configuration (presets, named quantity sets and single
-quantities, tracking every step and every 16th step) on synthetic problems (an MLP, a CNN
-and two GPT-style transformer classifiers), each configuration in a fresh subprocess,
-alternating with plain runs (plain, config, plain, config, ..., plain), and reports step
-times and peak memory as ratios to the neighbouring plain runs. On the transformers it
-also runs the peers for per-sample gradient norms (Opacus, ``torch.func`` vmap); with
+quantities, tracking every step and every 16th step) on synthetic problems (an MLP, a CNN,
+two GPT-style and two post-norm transformer classifiers, and a ``transformers`` GPT-2, a
+nanoGPT and a ViT), each configuration in a fresh subprocess, alternating with plain runs
+(plain, config, plain, config, ..., plain), and reports step times and peak memory as
+ratios to the neighbouring plain runs. On the transformer classifiers and the ViT it also
+runs the peers for per-sample gradient norms (Opacus, ``torch.func`` vmap); with
 ``--reference-python`` it also runs Cockpit 1.0.2 on the MLP and the CNN.
 
     .venv/bin/python benchmarks/overhead.py --quick              # smoke run
@@ -50,23 +51,33 @@ HERE = Path(__file__).resolve().parent
 PRESETS = ("economy", "business", "full")
 PEERS = ("opacus", "opacus_plain", "vmap")  # norm_peers.PEERS (that module imports torch)
 CLASSIC = ("mlp", "cnn")  # the problems of issue 7; Cockpit 1.0.2 runs only on these
-TRANSFORMERS = ("tf-small", "tf-medium")  # overhead_problems.TRANSFORMERS
-PROBLEMS = CLASSIC + TRANSFORMERS
+# overhead_problems.TRANSFORMERS (issue 16) and POST_NORM (issue 32)
+TRANSFORMERS = ("tf-small", "tf-medium", "tf-post", "tf-post-bare")
+REAL_MODELS = ("gpt2", "nanogpt", "vit")  # overhead_problems.REAL_MODELS (issues 28, 32)
+PROBLEMS = CLASSIC + TRANSFORMERS + REAL_MODELS
+# per problem: mlp, cnn, tf-small, tf-medium, tf-post, tf-post-bare, gpt2, nanogpt, vit
 DEFAULTS = {
-    "warmup": {"mlp": 5, "cnn": 2, "tf-small": 3, "tf-medium": 2},
-    "steps": {"mlp": 50, "cnn": 5, "tf-small": 30, "tf-medium": 6},
-    "periods": {"mlp": 3, "cnn": 2, "tf-small": 3, "tf-medium": 2},
-    "plain_steps": {"mlp": 100, "cnn": 8, "tf-small": 40, "tf-medium": 8},
-    "reference_steps": {"mlp": 30, "cnn": 3, "tf-small": 0, "tf-medium": 0},
-    "reference_periods": {"mlp": 2, "cnn": 1, "tf-small": 0, "tf-medium": 0},
+    key: dict(zip(PROBLEMS, values))
+    for key, values in {
+        "warmup": (5, 2, 3, 2, 3, 3, 5, 5, 5),
+        "steps": (50, 5, 30, 6, 30, 30, 30, 30, 30),
+        "periods": (3, 2, 3, 2, 3, 3, 3, 3, 3),
+        "plain_steps": (100, 8, 40, 8, 40, 40, 60, 60, 60),
+        # Cockpit 1.0.2 runs on mlp and cnn only
+        "reference_steps": (30, 3, 0, 0, 0, 0, 0, 0, 0),
+        "reference_periods": (2, 1, 0, 0, 0, 0, 0, 0, 0),
+    }.items()
 }
 QUICK = {
-    "warmup": {"mlp": 2, "cnn": 1, "tf-small": 1, "tf-medium": 1},
-    "steps": {"mlp": 10, "cnn": 2, "tf-small": 3, "tf-medium": 2},
-    "periods": {"mlp": 1, "cnn": 1, "tf-small": 1, "tf-medium": 1},
-    "plain_steps": {"mlp": 30, "cnn": 3, "tf-small": 5, "tf-medium": 2},
-    "reference_steps": {"mlp": 5, "cnn": 2, "tf-small": 0, "tf-medium": 0},
-    "reference_periods": {"mlp": 1, "cnn": 1, "tf-small": 0, "tf-medium": 0},
+    key: dict(zip(PROBLEMS, values))
+    for key, values in {
+        "warmup": (2, 1, 1, 1, 1, 1, 1, 1, 1),
+        "steps": (10, 2, 3, 2, 3, 3, 3, 3, 3),
+        "periods": (1, 1, 1, 1, 1, 1, 1, 1, 1),
+        "plain_steps": (30, 3, 5, 2, 5, 5, 5, 5, 5),
+        "reference_steps": (5, 2, 0, 0, 0, 0, 0, 0, 0),
+        "reference_periods": (1, 1, 0, 0, 0, 0, 0, 0, 0),
+    }.items()
 }
 CONFIGS = "presets,quantities,economy:backpack"
 TRANSFORMER_CONFIGS = "economy,first_order,norm_test@1,peers"
@@ -105,7 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--transformer-configs",
         default=None,
-        help=f"configurations on the transformers (same syntax); default: {TRANSFORMER_CONFIGS}",
+        help="configurations on the transformers and on gpt2, nanogpt, vit (same syntax);\n"
+        f"default: {TRANSFORMER_CONFIGS}",
     )
     p.add_argument("--schedules", default="1,16", help="tracking intervals (default 1,16)")
     for key, helptext in (
@@ -247,6 +259,15 @@ def expand_configs(text: str, quantities: list[str]) -> list[tuple[Config, tuple
     return [c for c in out if not (c[0] in seen or seen.add(c[0]))]
 
 
+def applicable(config: Config) -> bool:
+    """Whether ``config`` runs on a problem that is not a classifier (a language model).
+
+    The peers (``norm_peers.py``) and the BackPACK path need ``nn.CrossEntropyLoss`` of
+    logits ``[B, classes]``; a language model's loss is its own per-sample mean.
+    """
+    return config[0] != "peer" and not config[1].endswith(":backpack")
+
+
 def child_spec(
     args: argparse.Namespace, kind: str, problem: str, every: int, config: Config | None = None
 ) -> dict:
@@ -374,8 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     # Presets and sets first (the targets), then single quantities, then the peers; each
     # reference run right after ours of the same configuration.
     plan: list[dict] = []
+    not_applicable: list[str] = []
     for problem in args.problems:
         configs = families["classic" if problem in CLASSIC else "transformer"]
+        if not problems_info[problem].get("classifier", True):
+            skipped = [c for c in configs if not applicable(c[0])]
+            configs = [c for c in configs if applicable(c[0])]
+            if skipped:
+                names_skipped = ", ".join(c[0][1] for c in skipped)
+                not_applicable.append(f"{problem}: {names_skipped}")
+                print(f"[overhead] {problem}: not applicable, skipped: {names_skipped}")
         groups = [
             [c for c in configs if c[0][0] in ("preset", "set")],
             [c for c in configs if c[0][0] == "quantity"],
@@ -475,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "failed_plugins": failed_plugins,
         "quantities_installed": names,
         "problems": {p: problems_info[p] for p in args.problems},
+        "not_applicable": not_applicable,
         "reference_python": args.reference_python,
         "settings": {
             k: getattr(args, k)

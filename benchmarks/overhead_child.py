@@ -33,7 +33,7 @@ LEARNING_RATE = 0.01
 SETS = {"first_order": ["economy", "grad_hist_2d"]}
 # Problems whose models are not extended for BackPACK on the recommended path (BackPACK
 # supports only their nn.Linear layers; module hooks serve every parameter).
-NOT_EXTENDED = ("tf-small", "tf-medium")
+NOT_EXTENDED = ("tf-small", "tf-medium", "tf-post", "tf-post-bare", "gpt2", "nanogpt", "vit")
 
 # Our quantity names -> Cockpit 1.0.2 class names (cockpit.quantities.*).
 REFERENCE_CLASSES = {
@@ -167,11 +167,15 @@ def _build_reference(spec: dict, model, result: dict):
     return Cockpit(model.parameters(), quantities=qs), counter
 
 
-def tracked_step(cp, model, loss_fn, opt, batch, step: int, reference: bool = False) -> None:
+def tracked_step(
+    cp, model, loss_fn, opt, batch, step: int, reference: bool = False, per_sample=None
+) -> None:
     """One training step inside ``with cp(step, info=...)``, as each library's docs show.
 
-    Ours keeps the loss graph with ``retain_graph``; Cockpit 1.0.2 (``reference``) asks for
-    ``create_graph``.
+    ``per_sample(outputs, targets) -> [B]``: the per-sample losses whose mean ``loss_fn``
+    computes (``Problem.per_sample``; default: cross-entropy of logits ``[B, classes]``),
+    evaluated without a graph for ``individual_losses``. Ours keeps the loss graph with
+    ``retain_graph``; Cockpit 1.0.2 (``reference``) asks for ``create_graph``.
     """
     import torch  # imported in run() first, which measures the RSS after imports
     import torch.nn.functional as F
@@ -181,7 +185,10 @@ def tracked_step(cp, model, loss_fn, opt, batch, step: int, reference: bool = Fa
     out = model(x)
     loss = loss_fn(out, y)
     with torch.no_grad():
-        losses = F.cross_entropy(out, y, reduction="none")
+        if per_sample is None:
+            losses = F.cross_entropy(out, y, reduction="none")
+        else:
+            losses = per_sample(out, y)
     info = {"batch_size": len(x), "individual_losses": losses, "loss": loss, "optimizer": opt}
     with cp(step, info=info):
         if reference:
@@ -219,10 +226,17 @@ def run(spec: dict) -> dict:
     problem = get_problem(spec["problem"])
     result["rss_after_imports_mb"] = peak_rss_mb()
 
+    needs_classifier = kind in ("reference", "peer") or spec.get("path") == "backpack"
+    if needs_classifier and not problem.classifier:
+        what = "the BackPACK path" if kind == "ours" else kind
+        raise ValueError(
+            f"{what} needs a classifier with nn.CrossEntropyLoss; {problem.name} trains with "
+            "its own per-sample loss: run it with our recommended path only"
+        )
     torch.manual_seed(int(spec["seed"]))
     model = problem.make_model().to(device)
     result["n_params"] = n_params(model)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    loss_fn = problem.loss_module()
     gen = torch.Generator().manual_seed(int(spec["seed"]) + 1)
     batches = [tuple(t.to(device) for t in problem.make_batch(gen)) for _ in range(N_BATCHES)]
     cp = counter = peer_step = None
@@ -253,10 +267,12 @@ def run(spec: dict) -> dict:
         opt.step()
 
     def step_ours(step: int) -> None:
-        tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step)
+        batch = batches[step % N_BATCHES]
+        tracked_step(cp, model, loss_fn, opt, batch, step, per_sample=problem.per_sample)
 
     def step_reference(step: int) -> None:
-        tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step, reference=True)
+        batch = batches[step % N_BATCHES]
+        tracked_step(cp, model, loss_fn, opt, batch, step, True, problem.per_sample)
 
     def step_peer(step: int) -> None:
         norms[:] = [peer_step(batches[step % N_BATCHES], opt)]
@@ -327,7 +343,7 @@ def _summarize_tracking(spec: dict, cp, counter: _Counter | None, result: dict) 
 
 
 def describe() -> dict[str, dict]:
-    """``{problem: {"params": n, "batch_size": B, "model": text}}`` of every problem."""
+    """``{problem: {"params": n, "batch_size": B, "model": text, "classifier": bool}}``."""
     import torch
     from overhead_problems import PROBLEMS, get_problem, n_params
 
@@ -339,6 +355,7 @@ def describe() -> dict[str, dict]:
             "params": n_params(problem.make_model()),
             "batch_size": problem.batch_size,
             "model": problem.description,
+            "classifier": problem.classifier,
         }
     return out
 

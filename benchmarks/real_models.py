@@ -41,9 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from overhead_problems import REAL_MODELS, REAL_SIZES, real_model_problem
+
 RESULT = "@@RESULT@@"
 HERE = Path(__file__).resolve().parent
-MODELS = ("gpt2", "nanogpt", "vit")
+MODELS = REAL_MODELS
 MODES = ("plain", "economy", "economy-attach", "plain-compiled", "economy-compiled")
 HEALTH_MODES = ("health", "health@10")  # issue 31: run with --modes plain,health,health@10
 BATCHES = 4  # distinct synthetic batches, cycled
@@ -62,60 +64,26 @@ def _peak_rss_mb() -> float:
 # -- one run (child process) ---------------------------------------------------------------
 
 
-SIZES = {
-    # width, layers, sequence length (ViT: patches of a 32x32 image), batch
-    "small": {"d": 64, "layers": 2, "length": 64, "batch": 8, "vit_batch": 16},
-    "medium": {"d": 128, "layers": 4, "length": 128, "batch": 16, "vit_batch": 32},
-}
-"""Model sizes: ``small`` steps take ~10 ms plain on 2 CPU threads, ``medium`` ~10x that."""
+SIZES = REAL_SIZES
+"""Model sizes (``overhead_problems.REAL_SIZES``): ``small`` steps take ~10 ms plain on 2 CPU
+threads, ``medium`` ~10x that."""
 
 
 def _problem(name: str, size: str = "small"):
-    """``(model, batches, losses_fn)`` with ``losses_fn(model, batch) -> [B]``."""
+    """``(model, batches, losses_fn)`` with ``losses_fn(model, batch) -> [B]``.
+
+    The model, batches and per-sample losses of ``overhead_problems.real_model_problem`` (the
+    overhead harness trains the same ``small`` problems); batches are ``(inputs, targets)``,
+    a language model's targets its inputs.
+    """
     import torch
-    import torch.nn.functional as F
 
-    from cockpit_core.testing.models import NanoGPT, ViT, tiny_gpt2
-
+    problem = real_model_problem(name, size)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    dims = SIZES[size]
-    d, layers = dims["d"], dims["layers"]
-    if name == "vit":
-        model = ViT(image=32, patch=4, channels=3, d=d, heads=4, layers=layers, classes=10)
-        b = dims["vit_batch"]
-        batches = [
-            (torch.randn(b, 3, 32, 32, generator=gen), torch.randint(0, 10, (b,), generator=gen))
-            for _ in range(BATCHES)
-        ]
-
-        def losses(m, batch):
-            return F.cross_entropy(m(batch[0]), batch[1], reduction="none")
-
-        return model, batches, losses
-    vocab, length, batch = 256, dims["length"], dims["batch"]
-    if name == "gpt2":
-        model = tiny_gpt2(vocab=vocab, positions=length, d=d, layers=layers)
-
-        def logits(m, ids):
-            return m(input_ids=ids).logits
-    else:
-        model = NanoGPT(vocab=vocab, block_size=length, d=d, heads=4, layers=layers)
-
-        def logits(m, ids):
-            return m(ids)[0]
-
-    batches = [(torch.randint(0, vocab, (batch, length), generator=gen),) for _ in range(BATCHES)]
-
-    def losses(m, b):
-        ids = b[0]
-        out = logits(m, ids)
-        flat = F.cross_entropy(
-            out[:, :-1].reshape(-1, vocab), ids[:, 1:].reshape(-1), reduction="none"
-        )
-        return flat.view(ids.shape[0], -1).mean(1)
-
-    return model, batches, losses
+    model = problem.make_model()
+    batches = [problem.make_batch(gen) for _ in range(BATCHES)]
+    return model, batches, problem.losses
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -192,19 +160,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _per_sample_loss(model: str):
     """``loss_fn(outputs, targets)`` for ``cp.attach``: per-sample losses of a model's outputs."""
-    import torch.nn.functional as F
-
-    if model == "vit":
-        return lambda out, y: F.cross_entropy(out, y, reduction="none")
-
-    def causal_lm(out, ids):
-        logits = out.logits if hasattr(out, "logits") else out[0]
-        flat = F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-        )
-        return flat.view(ids.shape[0], -1).mean(1)
-
-    return causal_lm
+    return real_model_problem(model).per_sample
 
 
 # -- the comparison (parent process) ----------------------------------------------------------
