@@ -142,6 +142,23 @@ class CallHooks:
         self.arm(())
         self.clear()
 
+    def pause(self) -> CallMode | None:
+        """Take the mode off the stack until :meth:`resume` (cockpit's own calls in hooks).
+
+        Returns:
+            The mode taken off, ``None`` if none was on.
+
+        """
+        mode = self.mode
+        if mode is not None:
+            remove_mode(mode)
+        return mode
+
+    def resume(self, mode: CallMode | None) -> None:
+        """Put back at the bottom of the stack the mode :meth:`pause` took off, if still on."""
+        if mode is not None and mode is self.mode:
+            push_under(mode)
+
     # -- the hooks --------------------------------------------------------------------------
 
     def _enter(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:

@@ -110,18 +110,23 @@ class ProbeHooks:
             return
         if not self.watching() or _in_backward():  # checkpointing recomputes in backward
             return
-        for probe in probes:
-            if probe.key in self.results.errors:
-                continue
-            try:
-                with torch.no_grad():
-                    value = probe.reduce(module, args, out)
-            except Exception as err:  # recorded for the step; training goes on
-                self.results.errors[probe.key] = _failure("reduce", name, err)
-                continue
-            calls = self.results.values.setdefault(probe.key, {}).setdefault(name, [])
-            calls.append(value)
-            del calls[:-MAX_CALLS]
+        mode = self.calls.pause()  # the probes' own torch calls are no attention calls
+        try:
+            with torch.no_grad():
+                for probe in probes:
+                    if probe.key in self.results.errors:
+                        continue
+                    try:
+                        value = probe.reduce(module, args, out)
+                    except Exception as err:  # recorded for the step; training goes on
+                        self.results.errors[probe.key] = _failure("reduce", name, err)
+                        continue
+                    calls = self.results.values.setdefault(probe.key, {}).setdefault(name, [])
+                    calls.append(value)
+                    if len(calls) > MAX_CALLS:
+                        del calls[:-MAX_CALLS]
+        finally:
+            self.calls.resume(mode)
 
 
 def _in_backward() -> bool:

@@ -62,9 +62,12 @@ def reduce_logits(output: Any) -> LogitsCall:
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     rows = x.reshape(-1, x.shape[-1])
     per_chunk = max(1, CHUNK_ELEMENTS // rows.shape[1])
-    log_z = torch.cat(
-        [torch.logsumexp(chunk.to(acc), dim=-1).double() for chunk in rows.split(per_chunk, dim=0)]
-    )
+    if rows.shape[0] <= per_chunk:  # one piece: no split, no concatenation
+        log_z = torch.logsumexp(rows.to(acc), dim=-1).double()
+    else:
+        log_z = torch.cat(
+            [torch.logsumexp(c.to(acc), dim=-1).double() for c in rows.split(per_chunk, dim=0)]
+        )
     stats = torch.stack([log_z.sum(), log_z.square().sum(), log_z.max(), x.amax().double()])
     return LogitsCall(stats, log_z.numel())
 

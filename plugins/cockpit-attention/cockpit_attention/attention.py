@@ -189,6 +189,17 @@ class Attention(Quantity):
         return summarize(found)
 
 
+def _to_host(stats: list[torch.Tensor]) -> list[np.ndarray]:
+    """The calls' statistics on the host: one stack and one copy when they share a shape."""
+    first = stats[0] if stats else None
+    if first is not None and all(
+        t.shape == first.shape and t.device == first.device and t.dtype == first.dtype
+        for t in stats
+    ):
+        return list(torch.stack(stats).cpu().numpy())
+    return to_host(stats)
+
+
 def summarize(found: dict[str, list[AttentionCall]]) -> dict[str, Any]:
     """The output of :class:`Attention` from each layer's calls (one copy to the host).
 
@@ -198,7 +209,7 @@ def summarize(found: dict[str, list[AttentionCall]]) -> dict[str, Any]:
     query was used. Without any attention call the lists are empty and ``max`` and
     ``min_entropy`` NaN.
     """
-    host = to_host([c.stats for calls in found.values() for c in calls])
+    host = _to_host([c.stats for calls in found.values() for c in calls])
     heads, max_logit, entropy, entropy_se = [], [], [], []
     sampled = [c.sampled for calls in found.values() for c in calls if c.sampled is not None]
     start = 0
@@ -209,17 +220,14 @@ def summarize(found: dict[str, list[AttentionCall]]) -> dict[str, Any]:
                 f"the attention calls of '{owner}' in one step have different numbers of "
                 f"heads ({sorted(widths)}); give each attention its own module"
             )
-        parts = host[start : start + len(calls)]
+        stats = np.stack(host[start : start + len(calls)])  # [calls, 4, H]
         start += len(calls)
-        stats = np.stack(parts)  # [calls, 4, H]
+        heads.append(int(stats.shape[2]))
+        max_logit.append(stats[:, 0].max(0).tolist())
         rows = stats[:, 3].sum(0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = stats[:, 1].sum(0) / rows
-            se = np.sqrt(stats[:, 2].sum(0)) / rows
-        heads.append(int(stats.shape[2]))
-        max_logit.append([float(v) for v in stats[:, 0].max(0)])
-        entropy.append([float(v) for v in mean])
-        entropy_se.append([float(v) for v in se])
+            entropy.append((stats[:, 1].sum(0) / rows).tolist())
+            entropy_se.append((np.sqrt(stats[:, 2].sum(0)) / rows).tolist())
     flat_max = [v for layer in max_logit for v in layer]
     flat_entropy = [v for layer in entropy for v in layer]
     return {

@@ -9,11 +9,14 @@ on the device of the inputs, without synchronizing with the host.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 CHUNK_ELEMENTS = 2**22
@@ -118,7 +121,8 @@ def reduce_scores(
 
     Logits are formed in float64 for float64 inputs and in float32 otherwise, with
     autocast off, at most ``chunk`` at a time. Without ``entropy`` only the largest logit
-    is taken (no softmax); the entropy sums and row counts stay 0 (the entropy reads NaN).
+    is taken (no softmax, :func:`_max_logits`); the entropy sums and row counts stay 0
+    (the entropy reads NaN).
     """
     b, h, length, s = scores.shape
     device = scores.device
@@ -133,9 +137,13 @@ def reduce_scores(
     if m < length:
         draws = torch.rand(b, h, length, generator=generator(device), device=device)
         index = draws.topk(m, dim=-1).indices  # [B, H, m]: m distinct positions
+    if not entropy:
+        top = _max_logits(scores, acc, m, index, chunk)
+        stats = F.pad(top.double().unsqueeze(0), (0, 0, 0, 3))  # [top, 0, 0, 0]
+        return AttentionCall(stats, None if m == length else m)
     top = torch.full((h,), -torch.inf, dtype=acc, device=device)
     sums = torch.zeros(3, b, h, dtype=torch.float64, device=device)  # sum e, sum e^2, rows
-    with torch.autocast(device.type, enabled=False):
+    with _autocast_off(device):
         for bs, hs, rs in _blocks(b, h, m, s, chunk):
             z, soft, allowed = _block(scores, acc, bs, hs, rs, index)
             # without a bias the softmax input is the masked logits: no second masked copy
@@ -144,8 +152,6 @@ def reduce_scores(
             else:
                 masked = z.masked_fill(~allowed, -torch.inf)
             top[hs] = torch.maximum(top[hs], masked.amax((0, 2, 3)))
-            if not entropy:
-                continue
             p = torch.softmax(soft, dim=-1)
             valid = allowed.any(dim=-1)  # [b, h, r]
             h_rows = -torch.special.xlogy(p, p).sum(-1).masked_fill(~valid, 0.0).double()
@@ -161,6 +167,114 @@ def reduce_scores(
     variance = (length**2 * (1.0 - m / length) / m * spread.clamp_min(0.0)).sum(0)
     stats = torch.stack([top.double(), factor * sums[0].sum(0), variance, factor * sums[2].sum(0)])
     return AttentionCall(stats, m)
+
+
+def _max_logits(
+    scores: Scores, acc: torch.dtype, m: int, index: Tensor | None, chunk: int
+) -> Tensor:
+    """Per head, the largest unmasked logit, in ``acc``: :func:`reduce_scores` without entropy.
+
+    The same blocks and the same products ``q k^T`` as with the entropy, with fewer kernels
+    per block: the scale is applied to each block's maximum instead of to every logit
+    (rounding is monotone, so for a positive scale ``max_j(fl(z_j s)) = fl(s max_j z_j)``
+    exactly), the masks are applied in place to the fresh product, and no softmax input is
+    formed. Given logits go through :func:`_block` as with the entropy.
+    """
+    b, h, _, s = scores.shape
+    scaled_after = scores.logits is None and 0.0 < scores.scale < math.inf
+    parts: dict[int, Tensor] = {}  # first head of the block -> its maximum so far
+    with _autocast_off(scores.device):
+        for bs, hs, rs in _blocks(b, h, m, s, chunk):
+            if scores.logits is not None:
+                _, masked, _ = _block(scores, acc, bs, hs, rs, index)
+            else:
+                masked = _masked_products(scores, acc, bs, hs, rs, index, scaled_after)
+            top = masked.amax((0, 2, 3))
+            if scaled_after:
+                top = top * scores.scale
+            first = hs.start
+            parts[first] = top if first not in parts else torch.maximum(parts[first], top)
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    return torch.cat([parts[first] for first in sorted(parts)])
+
+
+def _masked_products(
+    scores: Scores,
+    acc: torch.dtype,
+    bs: slice,
+    hs: slice,
+    rs: slice,
+    index: Tensor | None,
+    scaled_after: bool,
+) -> Tensor:
+    """``q k^T`` of one block (times the scale unless ``scaled_after``), ``-inf`` where masked.
+
+    The same logits and mask as :func:`_block`, formed with as few kernels as possible.
+    """
+    rows = None if index is None else index[bs, hs, rs]
+    qb, kb = _queries_keys(scores, bs, hs, rs, rows)
+    z = torch.matmul(qb.to(acc), kb.to(acc).transpose(-1, -2))
+    if not scaled_after:
+        z = z * scores.scale
+    b, h, r, s = z.shape
+    start = 0 if rs.start is None else rs.start
+    if scores.causal and rows is None and scores.allowed is None and scores.bias is None:
+        # zero the future keys, then add -inf to them: the same values as masked_fill (a
+        # NaN or inf there is zeroed first), at a tenth of its cost on a CPU
+        future = torch.full((r, s), -torch.inf, dtype=z.dtype, device=z.device).triu_(start + 1)
+        return z.tril_(start).add_(future)
+    blocked: Tensor | None = None  # True: masked out
+    if scores.causal:
+        if rows is None:
+            blocked = torch.ones(r, s, dtype=torch.bool, device=z.device).triu_(start + 1)
+        else:
+            blocked = torch.arange(s, device=z.device) > rows.unsqueeze(-1)
+    if scores.allowed is not None:
+        refused = ~_mask_block(scores.allowed, bs, hs, rs, rows, (b, h, r, s))
+        blocked = refused if blocked is None else blocked | refused
+    if scores.bias is not None:
+        bias = _mask_block(scores.bias, bs, hs, rs, rows, (b, h, r, s))
+        refused = ~(bias > _lowest(bias.dtype))
+        blocked = refused if blocked is None else blocked | refused
+    if blocked is not None:
+        z.masked_fill_(blocked, -torch.inf)
+    return z
+
+
+def _queries_keys(
+    scores: Scores, bs: slice, hs: slice, rs: slice, rows: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The queries ``[b, h, r, E]`` and keys ``[1|b, h, S, E]`` of one block."""
+    q, k = scores.q, scores.k
+    assert q is not None and k is not None
+    qb = _part(_part(q, 0, bs), 1, hs)
+    qb = _part(qb, 2, rs) if rows is None else _take_rows(qb, rows)
+    kb = _part(k, 0, bs) if k.shape[0] > 1 else k
+    heads = q.shape[1]
+    if k.shape[1] == heads:
+        kb = _part(kb, 1, hs)
+    else:  # grouped-query attention (or one key head for all)
+        group = heads // k.shape[1]
+        owner = torch.arange(heads, device=k.device)[hs] // group
+        kb = kb.index_select(1, owner)
+    return qb, kb
+
+
+def _part(t: Tensor, dim: int, part: slice) -> Tensor:
+    """``t`` sliced along ``dim`` by ``part`` (a step-1 slice); ``t`` itself if it is whole."""
+    start = 0 if part.start is None else part.start
+    stop = t.shape[dim] if part.stop is None else min(part.stop, t.shape[dim])
+    if start == 0 and stop == t.shape[dim]:
+        return t
+    return t.narrow(dim, start, stop - start)
+
+
+def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Autocast off on ``device`` inside (entered only if it is on: entering costs ~7 µs)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _blocks(b: int, h: int, r: int, s: int, chunk: int) -> Iterator[tuple[slice, slice, slice]]:
@@ -197,18 +311,9 @@ def _block(
         z = x.to(acc)
         allowed = z > _lowest(scores.logits.dtype)
         return z, z.masked_fill(~allowed, -torch.inf), allowed
-    q, k = scores.q, scores.k
-    assert q is not None and k is not None
-    qb = q[bs, hs]
-    qb = qb[:, :, rs] if rows is None else _take_rows(qb, rows)
-    kb = k[bs] if k.shape[0] > 1 else k
-    heads = q.shape[1]
-    if k.shape[1] == heads:
-        kb = kb[:, hs]
-    else:  # grouped-query attention (or one key head for all)
-        group = heads // k.shape[1]
-        owner = torch.arange(heads, device=k.device)[hs] // group
-        kb = kb.index_select(1, owner)
+    q = scores.q
+    assert q is not None
+    qb, kb = _queries_keys(scores, bs, hs, rs, rows)
     z = torch.matmul(qb.to(acc), kb.to(acc).transpose(-1, -2)) * scores.scale
     b, h, r, s = z.shape
     allowed = torch.ones(1, 1, 1, s, dtype=torch.bool, device=z.device)

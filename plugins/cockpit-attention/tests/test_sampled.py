@@ -94,6 +94,50 @@ def test_chunks_do_not_change_the_result(max_elements, chunk):
     torch.testing.assert_close(pieces.stats, whole.stats, rtol=1e-12, atol=1e-12)
 
 
+def _variants() -> dict[str, Scores]:
+    """Calls of every shape the entropy-free path takes: masks, GQA, scales, dtypes, logits."""
+    q, k, _ = _inputs()
+    gen = torch.Generator().manual_seed(2)
+    keep = torch.rand(B, 1, T, T, generator=gen) > 0.4
+    keep[..., 0] = True
+    bias = torch.randn(1, H, T, T, dtype=torch.float64, generator=gen)
+    bias[..., 3] = -torch.inf
+    bias[..., 5] = torch.finfo(torch.float64).min
+    logits = (q @ k.transpose(-1, -2)).masked_fill(~keep, -torch.inf)
+    k_inf = k.clone()
+    k_inf[:, :, -1, 0] = torch.inf  # +-inf logits, masked for every query but the last
+    k_inf[0, 0, -2, 1] = torch.nan
+    return {
+        "nonfinite": Scores(q=q, k=k_inf, scale=0.4, causal=True),
+        "causal": Scores(q=q, k=k, scale=0.4, causal=True),
+        "plain": Scores(q=q, k=k, scale=1.0 / math.sqrt(E)),
+        "masks": Scores(q=q, k=k[:, :1], scale=0.4, allowed=keep, bias=bias, causal=True),
+        "negative_scale": Scores(q=q, k=k, scale=-0.3, causal=True),
+        "float32": Scores(q=q.float(), k=k.float(), scale=0.4, bias=bias.float(), causal=True),
+        "logits": Scores(logits=logits),
+    }
+
+
+@pytest.mark.parametrize("variant", sorted(_variants()))
+@pytest.mark.parametrize(("max_elements", "chunk"), [(10**9, 2**22), (10**9, 60), (1000, 7)])
+def test_without_entropy_the_max_logit_is_the_same_to_the_last_bit(variant, max_elements, chunk):
+    scores = _variants()[variant]
+    full = reduce_scores(scores, max_elements, 6, _generator(3), chunk=chunk)
+    lean = reduce_scores(scores, max_elements, 6, _generator(3), chunk=chunk, entropy=False)
+    assert lean.sampled == full.sampled
+    # the scale folded in, the masks applied otherwise: exactly the same numbers
+    np.testing.assert_array_equal(lean.stats[0].numpy(), full.stats[0].numpy())
+    assert lean.stats.shape == full.stats.shape and not lean.stats[1:].any()
+    if lean.sampled is None and variant in ("causal", "masks", "float32"):  # the definition
+        assert scores.q is not None and scores.k is not None
+        allowed = causal(T) if scores.allowed is None else causal(T) & scores.allowed
+        if scores.bias is not None:  # finfo.min stands for -inf
+            allowed = allowed & (scores.bias > torch.finfo(scores.bias.dtype).min / 2)
+        k = scores.k.expand(B, H, T, E)
+        expected, _ = attention_reference(scores.q, k, scores.scale, allowed)
+        np.testing.assert_allclose(lean.stats[0].numpy(), expected, rtol=1e-6)  # float32: 1e-7
+
+
 def test_a_sampled_run_in_training():
     torch.manual_seed(0)
     model = NanoGPT(vocab=40, block_size=32, d=16, heads=2, layers=2).double()

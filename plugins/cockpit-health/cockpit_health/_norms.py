@@ -8,6 +8,14 @@ import torch
 from torch import Tensor
 
 
+def groups(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
+    """The positions of ``tensors`` grouped by device and dtype, in order of first appearance."""
+    out: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        out.setdefault((t.device, t.dtype), []).append(i)
+    return out
+
+
 def norms(tensors: Sequence[Tensor]) -> Tensor:
     """``[||t_i||]`` of each tensor, as a float64 CPU tensor.
 
@@ -17,18 +25,21 @@ def norms(tensors: Sequence[Tensor]) -> Tensor:
     orders of magnitude below the precision the health signals are read at, and an
     explicit float64 copy of every weight costs about ten times as much. The tensors are
     grouped by device and dtype into one ``torch._foreach_norm`` call each (a handful of
-    kernels for a whole model, as ``torch.nn.utils.clip_grad_norm_`` does); only the
-    norms leave the device, one transfer per device.
+    kernels for a whole model, as ``torch.nn.utils.clip_grad_norm_`` does), under
+    ``torch.no_grad()`` (no per-tensor ``detach``); only the norms leave the device, one
+    transfer per group.
     """
     if not tensors:
         return torch.zeros(0, dtype=torch.float64)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i)
+    parts, order = [], []
+    with torch.no_grad():
+        for (_, dtype), index in groups(tensors).items():
+            acc = torch.float64 if dtype == torch.float64 else torch.float32
+            group = [tensors[i] for i in index] if len(index) < len(tensors) else list(tensors)
+            parts.append(torch.stack(torch._foreach_norm(group, 2, dtype=acc)).double().cpu())
+            order.extend(index)
+    if len(parts) == 1:
+        return parts[0]
     out = torch.empty(len(tensors), dtype=torch.float64)
-    for (_, dtype), index in groups.items():
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
-        group = [tensors[i].detach() for i in index]
-        values = torch.stack(torch._foreach_norm(group, 2, dtype=acc)).double().cpu()
-        out[torch.tensor(index)] = values
+    out[torch.tensor(order)] = torch.cat(parts)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,31 +48,39 @@ class UpdateRatio(TwoStepQuantity):
 
     def compute_start(self, ctx: StepContext) -> tuple[Tensor, list[Tensor]]:
         """``(||theta_s,i||, copies of the parameters)`` before the optimizer step."""
-        params = [p.detach() for p in ctx.params]
-        return norms(params), [p.clone() for p in params]
+        with torch.no_grad():
+            return norms(ctx.params), list(torch._foreach_clone(list(ctx.params)))
 
     def compute_end(self, ctx: StepContext, state: tuple[Tensor, list[Tensor]]) -> dict[str, Any]:
         """Return ``{"total": ..., "per_param": [...]}`` of ``||Delta theta|| / ||theta_s||``."""
         before, copies = state
-        change = norms(_changes([p.detach() for p in ctx.params], copies))
         with torch.no_grad():
+            change = norms(_changes(ctx.params, copies))
             per_param = change / before  # x / 0 = inf, 0 / 0 = nan, as documented
             total = change.norm() / before.norm()
         return layered(total, per_param)
 
 
-def _changes(after: list[Tensor], copies: list[Tensor]) -> list[Tensor]:
+EXACT = (torch.float32, torch.float64)
+"""Dtypes whose copies become the difference in place (one fused subtraction per dtype)."""
+
+
+def _changes(after: Sequence[Tensor], copies: list[Tensor]) -> list[Tensor]:
     """``copies - after`` (the update, negated: norms only), in place where exact.
 
-    A copy of float32 or float64 parameters becomes the difference itself (no new
-    tensor); lower-precision parameters are subtracted in float32, where the difference
-    of two bfloat16/float16 values is exact.
+    Call under ``torch.no_grad()``. A copy of float32 or float64 parameters becomes the
+    difference itself (no new tensor; one ``torch._foreach_sub_`` per device and dtype);
+    lower-precision parameters are subtracted in float32, where the difference of two
+    bfloat16/float16 values is exact.
     """
-    changes = []
-    for a, c in zip(after, copies):
-        if a.dtype == c.dtype and c.dtype in (torch.float32, torch.float64):
-            changes.append(c.sub_(a))
+    changes = list(copies)
+    same: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, (a, c) in enumerate(zip(after, copies)):
+        if a.dtype == c.dtype and c.dtype in EXACT and a.device == c.device:
+            same.setdefault((c.device, c.dtype), []).append(i)
         else:
             dtype = torch.promote_types(torch.promote_types(a.dtype, c.dtype), torch.float32)
-            changes.append(c.to(dtype) - a.to(dtype))
+            changes[i] = c.to(dtype) - a.to(dtype)
+    for index in same.values():
+        torch._foreach_sub_([copies[i] for i in index], [after[i] for i in index])
     return changes
