@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -59,6 +59,13 @@ from cockpit_core.distributed.gradient import (
     OtherProcessError,
     ReduceBuffer,
     Shares,
+)
+from cockpit_core.distributed.sharded import (
+    PROJECTION_REASON,
+    SHARD_CHUNK,
+    ShardedGradient,
+    ShardedStepData,
+    shard_reducer,
 )
 from cockpit_core.engine.planner import Outcome, Task
 from cockpit_core.errors import CockpitWarning
@@ -98,9 +105,14 @@ class Distributed:
             return params[0].device if params else torch.device("cuda")
         return torch.device("cpu")
 
-    def begin(self, info: dict[str, Any], params: Sequence[Tensor]) -> StepSync:
-        """Start a tracked step: learn every rank's batch size (one tiny all-gather)."""
-        return StepSync(self, info, params)
+    def begin(
+        self, info: dict[str, Any], params: Sequence[Tensor], sharded: bool = False
+    ) -> StepSync:
+        """Start a tracked step: learn every rank's batch size (one tiny all-gather).
+
+        ``sharded``: the parameters are FSDP2 shards (:mod:`cockpit_core.distributed.sharded`).
+        """
+        return StepSync(self, info, params, sharded)
 
     def warn_once(self, message: str) -> None:
         """Warn once per Cockpit."""
@@ -124,8 +136,15 @@ def _local_batch(info: dict[str, Any]) -> int:
 class StepSync:
     """One tracked step's cross-process combination (see the module docstring)."""
 
-    def __init__(self, dist_: Distributed, info: dict[str, Any], params: Sequence[Tensor]):
+    def __init__(
+        self,
+        dist_: Distributed,
+        info: dict[str, Any],
+        params: Sequence[Tensor],
+        sharded: bool = False,
+    ):
         self.d = dist_
+        self.sharded = sharded
         self.params = list(params)
         self.dev = dist_.device(self.params)
         local = torch.tensor([_local_batch(info)], dtype=torch.int64, device=self.dev)
@@ -140,7 +159,11 @@ class StepSync:
             dist_.group, dist_.rank, dist_.world, tuple(self.sizes), self.dev, dist_.warn_once
         )
         self.weight = self.shares.weight
-        self.gradient = GlobalGradient(self.params, self.shares)
+        self.gradient: GlobalGradient | ShardedGradient = (
+            ShardedGradient(self.params, self.shares)
+            if sharded
+            else GlobalGradient(self.params, self.shares)
+        )
         self.failure: str | None = None  # why no quantity runs (the same on every process)
 
     def close(self) -> None:
@@ -295,7 +318,11 @@ class StepSync:
                 if rules[ident] == "project":
                     missing.setdefault(ident, f"{by_ident[ident].describe()}: {err}.")
         projections = [by_ident[i] for i in idents if rules[i] == "project" and i not in missing]
-        if projections:
+        if projections and self.sharded:  # sample n's gradient and g's rows live apart
+            for stat in projections:
+                missing[stat.identity] = PROJECTION_REASON.format(stat=stat.describe())
+        elif projections:
+            assert isinstance(self.gradient, GlobalGradient)  # not sharded
             out.update(self.gradient.project(projections, stats, grads, missing))
         new_info = dict(info)
         if loss_slot is not None:
@@ -331,6 +358,8 @@ class StepSync:
         keys = [_key(t) for t in tasks]
         hvp = data.hvp if isinstance(data.hvp, DistributedHVP) else None
         size = sum(int(p.numel()) for p in self.params) if hvp is not None else 0
+        if self.sharded:  # shard_sum's chunks (FSDP2 computes no Hessian-vector product)
+            size = SHARD_CHUNK
         crc = zlib.crc32("|".join(keys).encode())
         header = torch.tensor([len(tasks), crc, int(skipped), size], dtype=torch.int64)
         header = header.to(self.dev)
@@ -371,7 +400,15 @@ class StepSync:
         lock = Lockstep(self.shares, int(table[:, 3].max()), len(common))
         if hvp is not None:
             hvp.lockstep = lock
-        outcomes = tracker.compute(step, common, data, before=lock.enter)
+        before: Callable[[int], None] = lock.enter
+        if isinstance(data, ShardedStepData):  # what each quantity may read; shard_sum
+            before = _entering_sharded(lock, data, common)
+
+        try:
+            outcomes = tracker.compute(step, common, data, before=before)
+        finally:
+            if isinstance(data, ShardedStepData):
+                data.leave()
         flags = torch.tensor(
             [0.0 if ok else 2.0 if i in lock.lost else 1.0 for i, (ok, _) in enumerate(outcomes)],
             dtype=torch.float64,
@@ -456,6 +493,19 @@ class StepSync:
             return read
         sl = buf.add(local * scale)
         return lambda red: red[sl].to(dtype).reshape(shape)
+
+
+def _entering_sharded(
+    lock: Lockstep, data: ShardedStepData, tasks: list[Task]
+) -> Callable[[int], None]:
+    """Before task ``i``: its lockstep slot, and what its quantity may read of the shards."""
+    data.reduce_with(shard_reducer(lock.exchange, lock.shares.world))
+
+    def before(i: int) -> None:
+        lock.enter(i)
+        data.enter(tasks[i].quantity)
+
+    return before
 
 
 def _key(task: Task) -> str:

@@ -393,8 +393,8 @@ class Lockstep:
                 self.lost.add(self.slot - 1)
                 gone = [r for r in range(s.world) if int(slots[r]) != self.slot]
                 raise OtherProcessError(
-                    f"process(es) {gone} left this quantity while it computed Hessian-vector "
-                    "products here (it failed there)"
+                    f"process(es) {gone} left this quantity while it exchanged values here "
+                    "(Hessian-vector products or shard_sum; it failed there)"
                 )
             # ahead of some process: repeat until it catches up
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
 from torch import Tensor
 
+from cockpit_core.distributed import sharded
 from cockpit_core.distributed.micro_batch_norms import gather_norms
-from cockpit_core.distributed.sharded import refusal as sharded_refusal
 from cockpit_core.engine import loop_checks, mixed_precision
 from cockpit_core.engine.accumulation import (
     batch_from_share,
@@ -123,6 +124,8 @@ class StepRun:
         self.norms: NormRecorder | None = None  # each micro-batch's gradient norms, if needed
         self.refusal: str | None = None  # why no quantity runs (sharded parameters), if so
         self.refused: list[Task] = []  # the tasks that refusal keeps from running
+        self.sharded = False  # FSDP2 shards (cockpit_core.distributed.sharded)
+        self.unsharded_only: dict[str, list[Task]] = {}  # refused there, by reason
         self._began = False  # tracker.begin_step ran: the tracker is in this step
         self._entered = False  # __enter__ finished: __exit__ has something to leave
 
@@ -190,14 +193,25 @@ class StepRun:
         unfrozen = self._watch_parameters()
         planner = tracker.planner
         self.tasks, self.merged = planner.plan(step)
-        # sharded parameters (FSDP2): decided from their types, the same on every process,
-        # so no process issues a collective that another skips (cockpit_core.distributed.sharded)
+        # sharded parameters (FSDP2): decided from their types and layouts, the same on every
+        # process, so no process issues a collective that another skips
         model = tracker.router.model if self.tasks else None  # listing it costs: tracked steps
-        self.refusal = sharded_refusal(tracker.params, tracker.param_names, model)
+        world = tracker.dist.world if tracker.dist is not None else None
+        self.refusal = sharded.refusal(tracker.params, tracker.param_names, model, world)
         if self.refusal is not None:
             self.refused, self.tasks = self.tasks, []
             self.merged = merge_requirements(())
-        if self.tasks:
+        elif sharded.is_sharded(tracker.params):
+            self.sharded = True
+            for task in self.tasks:
+                why = sharded.task_refusal(task.requirements)
+                if why is not None:
+                    self.unsharded_only.setdefault(why, []).append(task)
+            if self.unsharded_only:
+                refused = [t for ts in self.unsharded_only.values() for t in ts]
+                self.tasks = [t for t in self.tasks if t not in refused]
+                self.merged = planner.merged_for(self.tasks)
+        if self.tasks and not self.sharded:  # FSDP2 swaps the root's parameters in forward
             self._warn_removed()
         first = not self.accumulate and tracker.first_time("info")
         self.keys = Planner.observed_keys(self.tasks)
@@ -235,7 +249,7 @@ class StepRun:
             self.stats, self.missing = self._backend_ctx.__enter__()
         self.sync = None
         if tracker.dist is not None and self.refusal is None:  # every process's batch size
-            self.sync = tracker.dist.begin(self.info, tracker.params)
+            self.sync = tracker.dist.begin(self.info, tracker.params, self.sharded)
         if not self.accumulate:  # the gradient backward sends into the loss: its scale
             self.loss_gradients.append(mixed_precision.LossGradient(self.info.get("loss")))
         tracker.begin_step(step)  # what cp.log and cp.add say, and check, inside the block
@@ -582,12 +596,15 @@ class StepRun:
         """After a block that did not raise: checks, the statistics' last steps, the quantities."""
         tracker, step = self.tracker, self.step
         if self.refusal is not None:
-            self._refuse(self.refusal)
+            self._refuse(self.refusal, self.refused)
             return
+        for why, tasks in self.unsharded_only.items():
+            self._refuse(why, tasks, f"sharded: {why}")
         if self.sync is None:
             self._forgive_frozen()
         factor = self._grad_factor()
-        self._check_per_sample_mean(factor)
+        if not self.sharded:  # the hooks compare each unsharded layer's mean there
+            self._check_per_sample_mean(factor)
         self._check_loss_scale(seen)
         if self.accumulate:
             self._accumulated_batch()
@@ -623,7 +640,19 @@ class StepRun:
             d = tracker.dist
             device = d.device(tracker.params)
             norms = gather_norms(norms, len(tracker.params), d.group, d.rank, d.world, device)
-        data = StepData(
+        make: Callable[..., StepData] = StepData
+        if self.sharded:
+            assert self.sync is not None  # sharded steps combine over the processes
+            make = functools.partial(
+                sharded.ShardedStepData,
+                sharded=tracker.params,
+                rank=self.sync.d.rank,
+                world=self.sync.d.world,
+                local_grads=grads,
+                gradient_reason=self.sync.gradient.reason,
+                declared=self.merged.statistics,
+            )
+        data = make(
             step,
             self.info,
             tracker.params,
@@ -648,16 +677,16 @@ class StepRun:
         finally:
             data.release()
 
-    def _refuse(self, reason: str) -> None:
-        """Record every task of the step as failed for ``reason``; warn once per Cockpit."""
-        if not self.refused:
+    def _refuse(self, reason: str, tasks: list[Task], key: str = "sharded") -> None:
+        """Record ``tasks`` as failed for ``reason``; warn once per Cockpit (and ``key``)."""
+        if not tasks:
             return
         note = " Training continues; each refused quantity is in cp.errors and the log."
-        self.tracker.policy.warn_once(("", "sharded"), reason + note)
+        self.tracker.policy.warn_once(("", key), reason + note)
         err = UnsupportedModelError(reason)
         with warnings.catch_warnings():  # the one warning above, not one per quantity
             warnings.simplefilter("ignore", CockpitWarning)
-            self.tracker.record(self.step, self.refused, [Outcome(False, err)] * len(self.refused))
+            self.tracker.record(self.step, tasks, [Outcome(False, err)] * len(tasks))
 
     def _probe_results(self) -> ProbeResults:
         """What the step's probes recorded, and for each that recorded nothing, why."""
@@ -718,8 +747,11 @@ class StepRun:
             if mixed_precision.found_inf(self.scaler, self.info.get("optimizer")):
                 policy.skip_scaler_overflow(self.step, self.tasks, self.loss_scale)
                 return True
+        params: Any = self.tracker.params
+        if self.sharded:  # each process checks its own rows; a skip is shared by all
+            params = sharded.local_params_for_checks(params)
         return policy.skip_nonfinite(
-            self.step, self.tasks, self.info, self.tracker.params, self.tracker.param_names, scale
+            self.step, self.tasks, self.info, params, self.tracker.param_names, scale
         )
 
     def _unscale_global(self, grads: list[Tensor], factor: float) -> list[Tensor]:

@@ -2,12 +2,17 @@
 
 Run as ``python _fsdp_worker.py RANK WORLD PORT OUT_DIR``. Each process shards two
 ``nn.TransformerEncoderLayer`` blocks and the root with ``fully_shard`` (float64) and
-trains on its half of each global batch, once per entry of ``RUNS``: without a Cockpit,
-with ``Cockpit(model, "economy")`` (``distributed="auto"``, a log), with
-``distributed="off"``, with a Cockpit built before ``fully_shard`` (``late``) and with
-``on_error="raise"`` (what the block raises is caught here, per step). It saves, per run,
-what was raised, the local losses, ``cp.errors``, ``cp.skipped``,
-``cp.get_output()``, the CockpitWarnings raised and the final parameters (local shards).
+trains on its part of each global batch (local batches ``SIZES``), once per entry of
+``RUNS``: without a Cockpit (``plain``), with ``Cockpit(model, QUANTITIES + the
+shard-aware test quantities)`` (``exact``, a log for equal batches, with a spy on every
+gather and redistribution that cockpit's own code issues; ``no_reshard`` likewise with
+``reshard_after_forward=False`` on the blocks), with a shard-aware quantity that fails on
+process 1 only before its ``shard_sum`` (``flaky``), over two micro-batches per step
+(``accumulate``), with ``distributed="off"``,
+with a Cockpit built before ``fully_shard`` (``late``) and with ``on_error="raise"``
+(what the block raises is caught here, per step). It saves, per run, what was raised, the
+local losses, ``cp.errors``, ``cp.skipped``, ``cp.check`` (``exact``), ``cp.get_output()``, the CockpitWarnings
+raised, the final parameters (local shards) and what the spy saw.
 
 With a fifth argument ``sync_failure`` it instead trains the same model unsharded under DDP
 (local batches ``SYNC_SIZES``) twice per split: as it is, and with the gradient's part of
@@ -17,8 +22,12 @@ only (an injected error), and saves both runs' output and errors.
 
 from __future__ import annotations
 
+import functools
 import sys
+import traceback
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,6 +38,13 @@ from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _fsdp_quantities import (  # noqa: E402
+    ShardDistance,
+    ShardFlaky,
+    ShardGradNorm,
+    ShardMeanGSNR,
+    ShardNormTest,
+)
 from _worker import serve  # noqa: E402
 
 from cockpit_core import Cockpit, CockpitWarning, UnsupportedModelError  # noqa: E402
@@ -36,10 +52,42 @@ from cockpit_core.distributed.gradient import GlobalGradient  # noqa: E402
 
 STEPS = 3
 GLOBAL_BATCH, SEQ_LEN, D_MODEL, CLASSES = 8, 4, 8, 3
-RUNS = ("plain", "economy", "off", "late", "raise")
+LR = 0.1
+SIZES = [(4, 4), (5, 3)]
+RUNS = [
+    *(("plain", s) for s in SIZES),
+    *(("exact", s) for s in SIZES),
+    ("no_reshard", SIZES[0]),
+    ("flaky", SIZES[0]),
+    ("accumulate", SIZES[0]),
+    ("off", SIZES[0]),
+    ("late", SIZES[0]),
+    ("raise", SIZES[0]),
+]
+QUANTITIES: list[Any] = [
+    "loss",
+    "grad_norm",
+    "distance",
+    "update_size",
+    "norm_test",
+    "inner_test",
+    "ortho_test",
+    "mean_gsnr",
+    "early_stopping",
+    {"name": "cabs", "lr": LR},
+    "grad_hist_1d",
+    "alpha",
+    {"name": "hess_max_ev", "every": 2},
+    "noise_scale_cheap",
+]
 SYNC_SIZES = [(4, 4), (5, 3)]
 SYNC_QUANTITIES = ["loss", "grad_norm", "norm_test", "inner_test"]
 FAILING_STEP, FAILING_RANK = 1, 1
+
+
+def quantities() -> list[Any]:
+    """``QUANTITIES`` and the shard-aware test quantities (new instances)."""
+    return [*QUANTITIES, ShardGradNorm(), ShardDistance(), ShardMeanGSNR(), ShardNormTest()]
 
 
 class Blocks(torch.nn.Module):
@@ -72,27 +120,119 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def run(rank: int, how: str, out_dir: Path) -> dict[str, Any]:
+# -- the spy: what cockpit's own code gathers ------------------------------------------------
+
+_OURS = ("/cockpit_core/", "/plugins/cockpit-")
+
+
+def _from_cockpit() -> bool:
+    return any(any(mark in f.filename for mark in _OURS) for f in traceback.extract_stack())
+
+
+@contextmanager
+def spy(seen: list[tuple[str, str, int]]) -> Iterator[None]:
+    """Record ``(what, dtype, numel)`` of every gather or redistribution cockpit's code issues.
+
+    Wraps ``DTensor.full_tensor``/``redistribute`` (which would gather a parameter), the
+    DTensor redistribution kernel and the gather collectives of ``torch.distributed``.
+    """
+    import torch.distributed.tensor._redistribute as redistribute_module
+
+    targets: list[tuple[Any, str]] = [
+        (DTensor, "full_tensor"),
+        (DTensor, "redistribute"),
+        (redistribute_module, "redistribute_local_tensor"),
+        (dist, "all_gather"),
+        (dist, "all_gather_into_tensor"),
+        (dist, "all_gather_object"),
+        (dist, "broadcast"),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _from_cockpit():
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                lists = [a for a in args if isinstance(a, list) and a]
+                t = tensors[0] if tensors else (lists[0][0] if lists else None)
+                if isinstance(t, torch.Tensor):
+                    seen.append((name, str(t.dtype), int(t.numel())))
+                else:
+                    seen.append((name, "object", 0))
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for owner, name, fn in originals:
+        setattr(owner, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+
+
+# -- one run ------------------------------------------------------------------------------
+
+
+def accumulate(
+    model: torch.nn.Module,
+    cp: Cockpit,
+    step: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    opt: torch.optim.Optimizer,
+) -> float:
+    """One step over two micro-batches of the local batch; the local mean loss."""
+    total = 0.0
+    with cp(step, info={"batch_size": len(x), "optimizer": opt}, accumulate=True) as step_run:
+        for part in (slice(0, len(x) // 2), slice(len(x) // 2, len(x))):
+            out = model(x[part])
+            share = (part.stop - part.start) / len(x)
+            loss = torch.nn.functional.cross_entropy(out, y[part]) * share
+            per_sample = torch.nn.functional.cross_entropy(out, y[part], reduction="none")
+            info = {"loss": loss, "individual_losses": per_sample.detach(), "batch_size": len(out)}
+            with step_run.micro_batch(info):
+                loss.backward()
+            total += float(loss.detach())
+    return total
+
+
+def run(rank: int, how: str, sizes: tuple[int, int], out_dir: Path) -> dict[str, Any]:
     model = make_model()
     cp = Cockpit(model, "economy") if how == "late" else None  # tracks what fully_shard replaces
-    for block in model.blocks:
-        fully_shard(block)
+    for block in model.blocks:  # no_reshard: the blocks stay gathered from forward to backward
+        fully_shard(block, reshard_after_forward=how != "no_reshard")
     fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    if how == "economy":
-        cp = Cockpit(model, "economy", log=out_dir / "economy.jsonl")
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    if how == "no_reshard":
+        cp = Cockpit(model, quantities())
+    elif how == "accumulate":
+        cp = Cockpit(model, ["loss", "grad_hist_1d", ShardGradNorm(), ShardMeanGSNR()])
+    elif how == "flaky":
+        cp = Cockpit(model, ["loss", ShardFlaky(), ShardGradNorm()])
+    elif how == "exact":
+        log = out_dir / "exact.jsonl" if sizes == SIZES[0] else None
+        cp = Cockpit(model, quantities(), log=log)
     elif how == "off":
         cp = Cockpit(model, "economy", distributed="off")
     elif how == "raise":
         cp = Cockpit(model, "economy", on_error="raise")
-    local = GLOBAL_BATCH // 2
+    lo = sum(sizes[:rank])
     losses, raised = [], []
-    with warnings.catch_warnings(record=True) as caught:
+    seen: list[tuple[str, str, int]] = []
+    with warnings.catch_warnings(record=True) as caught, spy(seen):
         warnings.simplefilter("always", CockpitWarning)
         for step in range(STEPS):
             x, y = batch(step)
-            x, y = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
+            x, y = x[lo : lo + sizes[rank]], y[lo : lo + sizes[rank]]
             opt.zero_grad()
+            if how == "accumulate":
+                assert cp is not None
+                losses.append(accumulate(model, cp, step, x, y, opt))
+                opt.step()
+                continue
             out = model(x)
             loss = torch.nn.functional.cross_entropy(out, y)
             if cp is None:
@@ -102,7 +242,7 @@ def run(rank: int, how: str, out_dir: Path) -> dict[str, Any]:
                 info = {
                     "loss": loss,
                     "individual_losses": per_sample.detach(),
-                    "batch_size": local,
+                    "batch_size": len(x),
                     "optimizer": opt,
                 }
                 try:
@@ -112,9 +252,13 @@ def run(rank: int, how: str, out_dir: Path) -> dict[str, Any]:
                     raised.append(str(err))
             opt.step()
             losses.append(float(loss.detach()))
+        report = cp.check(model) if how == "exact" else None
         if cp is not None:
             cp.close()
     return {
+        "served": None
+        if report is None
+        else {name: p.served for p in report.params for name in p.names},
         "names": [name for name, _ in model.named_parameters()],
         "types": sorted({type(p).__name__ for p in model.parameters()}),
         "losses": losses,
@@ -124,6 +268,7 @@ def run(rank: int, how: str, out_dir: Path) -> dict[str, Any]:
         "skipped": [] if cp is None else list(cp.skipped),
         "output": {} if cp is None else cp.get_output(),
         "warnings": [str(w.message) for w in caught if issubclass(w.category, CockpitWarning)],
+        "gathers": seen,
     }
 
 
@@ -170,7 +315,7 @@ def compute(rank: int, out_dir: Path) -> dict[Any, Any]:
             for sizes in SYNC_SIZES
             for inject in (False, True)
         }
-    return {how: run(rank, how, out_dir) for how in RUNS}
+    return {(how, sizes): run(rank, how, sizes, out_dir) for how, sizes in RUNS}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,14 @@ directly in its ``forward`` (a ViT's ``cls`` token, an RMSNorm's ``weight * x``)
 parameters used otherwise go to the generic rule, which re-runs their module alone per
 sample (:mod:`cockpit_hooks.rules.generic`).
 
+Sharded parameters (FSDP2's ``fully_shard``): the model holds each tracked parameter as a
+``DTensor`` shard, and during its module's forward and backward FSDP puts the gathered,
+unsharded tensor in its place (``module._parameters[attr]``). The hooks find the tracked
+parameter by where it is registered (module and attribute) instead of by identity, form
+the per-sample gradients of the whole (unsharded) layer from this process's samples, and
+hook that unsharded tensor for the end of its gradient; the core combines the processes'
+statistics (:mod:`cockpit_core.distributed.sharded`).
+
 Per-sample gradients are checked against the gradient autograd computed in the same pass
 (the first time a rule serves a parameter; at every step for direct parameters and
 broadcast outputs): a parameter also used where the hooks do not see it is reported
@@ -56,6 +64,7 @@ from cockpit_hooks.rules import FUNCTIONAL, Rule, Use
 from cockpit_hooks.rules.base import Unsupported
 from cockpit_hooks.rules.functional import FunctionalCall
 from cockpit_hooks.servings import Servings, find_servings
+from cockpit_hooks.sharded import DTensor
 
 
 class HooksProvider(StatisticProvider):
@@ -93,6 +102,11 @@ class HooksProvider(StatisticProvider):
         self._collection: Collection | None = None
         self._suspended = False
         self._index = {id(p): i for i, p in enumerate(self.params)}
+        # FSDP2: (id(module), attr) of each tracked DTensor, and the unsharded tensor FSDP
+        # puts there during forward and backward, with its gradient hook while collecting
+        self._sharded: dict[tuple[int, str], int] = {}
+        self._stand_ins: dict[int, Tensor] = {}
+        self._stand_in_hooks: dict[int, Any] = {}
         self._verified: dict[int, str] = {}  # how it was served when the mean was compared
         self._unseen: dict[int, str] = {}  # parameters with uses the hooks do not see
         self._how: dict[int, str] = {}  # how each direct parameter was served last
@@ -106,6 +120,12 @@ class HooksProvider(StatisticProvider):
         super().attach(model, loss_fn)
         self._servings = find_servings(model, self._index)
         self._module_names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
+        self._sharded = {
+            (id(module), attr): self._index[id(p)]
+            for module in model.modules()
+            for attr, p in module.named_parameters(recurse=False)
+            if id(p) in self._index and isinstance(p, DTensor)
+        }
         self._verified, self._unseen, self._how = {}, {}, {}
 
     def supports(self, slot: ParamSlot, kind: Any) -> str | None:
@@ -271,7 +291,7 @@ class HooksProvider(StatisticProvider):
         if not isinstance(err, Unsupported):
             why = f"the rule failed in the forward pass: {type(err).__name__}: {err}"
         for owner, attr in rule.owned(module):
-            i = self._index.get(id(getattr(owner, attr)))
+            i = self._index_of(owner, attr)
             if i is not None and i in self._armed:
                 self._state.failed.setdefault(i, why)
 
@@ -281,7 +301,7 @@ class HooksProvider(StatisticProvider):
             return
         params = []
         for owner, attr in use.params:
-            i = self._index.get(id(getattr(owner, attr)))
+            i = self._index_of(owner, attr)
             if i is not None and i in self._armed:
                 params.append((i, owner, attr))
         if not params:
@@ -293,6 +313,34 @@ class HooksProvider(StatisticProvider):
             receive = lambda g, site=site: self._on_broadcast(site, g)  # noqa: E731
             mode.track(output, Origin(output.shape, receive))
         self._state.add(site)
+
+    def _index_of(self, owner: torch.nn.Module, attr: str) -> int | None:
+        """The tracked index of ``owner.attr`` now, or ``None`` if it is not tracked.
+
+        Under FSDP2 it is the unsharded tensor standing in for a tracked ``DTensor``: noted,
+        so that its gradient's end is hooked (:meth:`_hook_stand_in`).
+        """
+        tensor = getattr(owner, attr)
+        i = self._index.get(id(tensor))
+        if i is None and self._sharded:
+            i = self._sharded.get((id(owner), attr))
+            if i is not None and isinstance(tensor, Tensor) and not isinstance(tensor, DTensor):
+                if self._stand_ins.get(i) is not tensor:
+                    self._stand_ins[i] = tensor
+                    self._hook_stand_in(i)
+        return i
+
+    def _hook_stand_in(self, i: int) -> None:
+        """While collecting: hook the end of the unsharded stand-in's gradient (FSDP2)."""
+        tensor = self._stand_ins.get(i)
+        if self._collection is None or tensor is None or not tensor.requires_grad:
+            return
+        old = self._stand_in_hooks.pop(i, None)
+        if old is not None:
+            old.remove()
+        self._stand_in_hooks[i] = tensor.register_hook(
+            lambda grad, i=i: self._on_param_grad(i, grad)
+        )
 
     def _hook_output(self, site: Site, output: Tensor) -> None:
         """Receive the gradient of ``output`` for ``site`` during ``backward``."""
@@ -538,6 +586,8 @@ class HooksProvider(StatisticProvider):
             for i in sorted(collection.indices)
             if self._servings.serves(i) and self.params[i].requires_grad
         ]
+        for i in list(self._stand_ins):  # FSDP2: seen in a forward pass before the block
+            self._hook_stand_in(i)
         try:
             yield
             pending = set(self._state.by_param) | set(self._captured) | set(self._origins)
@@ -547,9 +597,9 @@ class HooksProvider(StatisticProvider):
             self._report(collection)
         finally:
             self._failures = {}
-            for handle in handles:
+            for handle in [*handles, *self._stand_in_hooks.values()]:
                 handle.remove()
-            self._collection = None
+            self._collection, self._stand_in_hooks, self._stand_ins = None, {}, {}
             self._clear()
 
     def _clear(self) -> None:
