@@ -117,13 +117,19 @@ class LossGradient:
     """
 
     def __init__(self, loss: Any):
-        self.value: float | None = None
+        self._grad: Tensor | None = None
         self._handle = None
         if isinstance(loss, Tensor) and loss.requires_grad and loss.numel() == 1:
             self._handle = loss.register_hook(self._record)
 
     def _record(self, grad: Tensor) -> None:
-        self.value = float(grad.detach().reshape(-1)[0])
+        # kept as a tensor: reading the number here would wait for the device in backward
+        self._grad = grad.detach()
+
+    @property
+    def value(self) -> float | None:
+        """The gradient that reached the loss (``None``: none went through yet)."""
+        return None if self._grad is None else float(self._grad.reshape(-1)[0])
 
     def close(self) -> float | None:
         """Remove the hook; return the recorded gradient (``None``: none went through)."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cockpit_core import Cockpit, CockpitWarning
+from cockpit_core.engine.loop_checks import nonfinite_reason
 from cockpit_core.log import read_records
 from cockpit_core.testing import tiny_mlp
 
@@ -53,3 +54,16 @@ def test_nonfinite_gradients_name_the_parameters():
             loss.backward()
             model[0].weight.grad[0, 0] = torch.inf
     assert cp.get_output() == {}
+
+
+def test_large_finite_gradients_are_not_taken_for_nonfinite_ones():
+    """A float32 gradient whose 2-norm overflows (entries ~1e30) is finite: no step is skipped."""
+    params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))]
+    params[0].grad = torch.full((4,), 1e30)  # ||g||^2 = 4e60 overflows float32
+    params[1].grad = torch.ones(3)
+    assert not math.isfinite(float(torch.linalg.vector_norm(params[0].grad)))
+    assert nonfinite_reason({}, params, ["big", "small"]) is None
+    params[1].grad[1] = torch.nan
+    assert nonfinite_reason({}, params, ["big", "small"]) == (
+        "the gradients of 'small' contain NaN or inf"
+    )
