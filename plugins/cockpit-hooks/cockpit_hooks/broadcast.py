@@ -15,7 +15,9 @@ unchanged) and hooks the expanded tensor, whose gradient is per sample:
 
 Views and casts of a tracked tensor that keep its elements in order (``view``,
 ``reshape``, ``unsqueeze``, ``squeeze``, ``flatten``, ``to``, ``contiguous``) are followed
-and their gradients mapped back. A tracked parameter passed as the weight or bias of a
+and their gradients mapped back, and so are parts selected by basic indexing (a position
+table cut to the sequence, ``pos[:, :T]``, ``narrow``, a row ``table[2]``), whose gradients
+go back into zeros of the whole tensor's shape. A tracked parameter passed as the weight or bias of a
 supported functional (``F.linear``, ``F.layer_norm``, ``F.rms_norm``, ``F.embedding``) is
 handed to a callback, which records the call for
 :mod:`cockpit_hooks.rules.functional`. Any other differentiable use of a tracked tensor is
@@ -98,6 +100,10 @@ _FOLLOW = frozenset(
     }
 )
 """Operations whose output holds the input's elements in the same order (maybe cast)."""
+
+_SELECT = frozenset({T.__getitem__, T.narrow, torch.narrow})
+"""Operations whose output is a part of the input: with basic indexing (integers, slices,
+``None``, ``...``) a view, e.g. a position table cut to the sequence, ``pos[:, :T]``."""
 
 
 @dataclass(eq=False)
@@ -185,6 +191,11 @@ class BroadcastMode(TorchFunctionMode):
             if isinstance(out, Tensor) and out.numel() == hits[0].tensor.numel():
                 self._follow(hits[0], out)
                 return out
+        elif func in _SELECT and len(hits) == 1 and args and args[0] is hits[0].tensor:
+            key = _basic_key(func, args, kwargs)
+            if key is not None and isinstance(out, Tensor):
+                self._select(hits[0], out, key)
+                return out
         if any(isinstance(t, Tensor) and t.requires_grad for t in tree_flatten(out)[0]):
             for hit in hits:
                 hit.origin.other_uses.append(_name(func))
@@ -271,9 +282,34 @@ class BroadcastMode(TorchFunctionMode):
 
         self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
 
+    def _select(self, hit: _Tracked, out: Tensor, key: tuple[Any, ...]) -> None:
+        """Track ``out = hit.tensor[key]`` (basic indexing): gradients go back into zeros."""
+        shape, back = tuple(hit.tensor.shape), hit.back
+
+        def to_source(per_sample: Tensor) -> Tensor:
+            whole = per_sample.new_zeros(per_sample.shape[0], *shape)
+            whole[(slice(None), *key)] = per_sample.reshape(per_sample.shape[0], *out.shape)
+            return back(whole)
+
+        self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
+
 
 def _identity(t: Tensor) -> Tensor:
     return t
+
+
+def _basic_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The index of a selection as a tuple of basic indices, or ``None`` (advanced indexing)."""
+    if func is T.__getitem__:
+        key = args[1] if len(args) > 1 else None
+        key = key if isinstance(key, tuple) else (key,)
+        basic = all(k is None or k is Ellipsis or isinstance(k, (int, slice)) for k in key)
+        return key if basic and not kwargs and not any(isinstance(k, bool) for k in key) else None
+    params = list(args[1:]) + [kwargs.get(k) for k in ("dim", "start", "length") if k in kwargs]
+    if len(params) != 3 or not all(isinstance(v, int) for v in params):
+        return None
+    dim, start, length = params
+    return (*(slice(None),) * (dim % args[0].dim()), slice(start, start + length))
 
 
 def _batch_broadcast(shape: torch.Size, result: torch.Size, batch_size: int) -> bool:

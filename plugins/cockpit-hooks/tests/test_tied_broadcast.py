@@ -99,6 +99,35 @@ def test_bare_parameters_broadcast_into_the_batch(h):
     r.cockpit.close()
 
 
+class SlicedParameters(nn.Module):
+    """Position tables longer than the sequence, cut to it: ``pos[:, :T]``, ``narrow``, a row."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, D)
+        self.pos = nn.Parameter(torch.randn(1, T + 3, D))
+        self.table = nn.Parameter(torch.randn(T + 2, D))
+        self.rows = nn.Parameter(torch.randn(4, D))
+        self.head = nn.Linear(D, 2)
+
+    def forward(self, x):
+        t = x.shape[1]
+        x = self.proj(x) + self.pos[:, :t]
+        x = torch.tanh(x) * self.table.narrow(0, 1, t)
+        x = x + self.rows[2] + self.rows[-1, None]
+        return self.head(torch.sin(x).mean(1))
+
+
+def test_parameters_cut_to_the_sequence_then_broadcast(h):
+    torch.manual_seed(0)
+    r = h.run(SlicedParameters().double(), lambda m, s: _losses(m(_x(s, B, T, 3))), steps=2)
+    h.check(r, "sliced bare parameters")
+    how = {n: r.cockpit._router.providers["hooks"].describe(s) for n, s in _slots(r)}
+    for name in ("pos", "table", "rows"):
+        assert how[name].startswith("captured where broadcast into the batch"), how[name]
+    r.cockpit.close()
+
+
 def _slots(r):
     return [(slot.name, slot) for slot in r.cockpit._router.slots]
 
