@@ -113,10 +113,14 @@ def reduce_pool(pool: Pool) -> tuple[dict[Identity, list[Any]], dict[Identity, s
     pool.grads.clear()  # the stack holds them now
     shape = (grads.shape[1], *pool.params[0].shape)  # one parameter's [B, *shape]
     stacked = PooledGrads(grads.view(grads.shape[0], grads.shape[1], -1), pool.params)
-    values: dict[Identity, list[Any]] = {}
     failures: dict[Identity, str] = {}
-    for stat in pool.stats:  # plugin code runs here during backward(): attempt() guards it
-        value = attempt(stat, failures, _pooled_value, stat, stacked, pool.finals)
+    # plugin code runs here during backward(): attempt() guards it
+    projected = _projections(pool.stats, stacked, pool.finals, failures)
+    values = {identity: list(value.unbind(0)) for identity, value in projected.items()}
+    for stat in pool.stats:
+        if stat.combine == "project":  # done above
+            continue
+        value = attempt(stat, failures, stat.kind.from_pooled, stacked, stat)
         if value is NotImplemented:  # no pooled form for these: each parameter on its own
             rows = [
                 attempt(
@@ -131,33 +135,63 @@ def reduce_pool(pool: Pool) -> tuple[dict[Identity, list[Any]], dict[Identity, s
     return values, failures
 
 
-def _pooled_value(stat: Any, pool: PooledGrads, finals: Sequence[Callable[[], Tensor]]) -> Any:
-    """The statistic of every parameter of ``pool``: first axis the parameters, or ``NotImplemented``."""
-    if stat.combine == "project":
-        return _project(stat, pool, finals)
-    return stat.kind.from_pooled(pool, stat)
+def _projections(
+    stats: Sequence[Any],
+    pool: PooledGrads,
+    finals: Sequence[Callable[[], Tensor]],
+    failures: dict[Identity, str],
+) -> dict[Identity, Tensor]:
+    """``g_n . V_k`` of every projection statistic and parameter, in one batched product.
+
+    The directions of all projections (the gradient for ``BATCH_PROJECTION``, ``[P, B]``;
+    a ``per_sample_projection``'s ``K``, ``[P, B, K]``) are stacked, so the per-sample
+    gradients are read once: ``V G^T``, not ``G V^T``, as a few directions times many rows
+    is the product BLAS does fastest on the CPU (a matrix-vector product ``G g`` was ~3x
+    slower). A statistic whose directions raise is in ``failures``.
+    """
+    wanted = [s for s in stats if s.combine == "project"]
+    if not wanted:
+        return {}
+    gradient: list[Tensor] = []  # formed once for all of them
+
+    def final_grads() -> Tensor:
+        if not gradient:
+            with torch.no_grad():
+                gradient.append(torch.stack([final() for final in finals]))
+        return gradient[0]
+
+    parts = [(s, attempt(s, failures, _directions, s, pool, final_grads)) for s in wanted]
+    parts = [(s, v) for s, v in parts if v is not FAILED]
+    if not parts:
+        return {}
+    vectors = torch.cat([v for _, v in parts], dim=1) if len(parts) > 1 else parts[0][1]
+    products = torch.bmm(vectors, pool.grads.mT)  # [P, sum K, B]
+    out, start = {}, 0
+    for stat, v in parts:
+        k = v.shape[1]
+        block = products[:, start : start + k]
+        out[stat.identity] = block[:, 0] if stat.fn is None else block.mT.contiguous()
+        start += k
+    return out
 
 
-def _project(stat: Any, pool: PooledGrads, finals: Sequence[Callable[[], Tensor]]) -> Tensor:
-    """``g_n . V_k`` for every parameter: ``[P, B]`` on the gradient, else ``[P, B, K]``."""
-    # V G^T, not G V^T: a few directions times many samples' rows is the matrix product
-    # BLAS does fastest on the CPU (a matrix-vector product ``G g`` was ~3x slower)
+def _directions(stat: Any, pool: PooledGrads, final_grads: Callable[[], Tensor]) -> Tensor:
+    """``[P, K, D]``: a projection's directions for the pool's parameters (``K = 1``: ``g``)."""
+    grads = final_grads()  # [P, *shape]
     if stat.fn is None:  # on the gradient itself
-        gradient = pool.stack([final() for final in finals])
-        return torch.bmm(gradient.unsqueeze(1), pool.grads.mT)[:, 0]
-    vectors = _pooled_directions(stat, finals, pool)
+        return grads.reshape(pool.count, 1, -1).to(pool.grads.dtype)
+    vectors = _pooled_directions(stat, grads, pool)
     if vectors is NotImplemented:
-        each = [directions(stat, final(), p) for final, p in zip(finals, pool.params)]
+        each = [directions(stat, g, p) for g, p in zip(grads, pool.params)]
         vectors = pool.stack(each)
-    return torch.bmm(vectors, pool.grads.mT).mT.contiguous()
+    return vectors
 
 
-def _pooled_directions(stat: Any, finals: Sequence[Callable[[], Tensor]], pool: PooledGrads) -> Any:
+def _pooled_directions(stat: Any, grads: Tensor, pool: PooledGrads) -> Any:
     """``[P, K, D]``: the directions of all the pool's parameters from one call, or ``NotImplemented``."""
     if stat.pooled_directions is None:
         return NotImplemented
     with torch.no_grad():
-        grads = torch.stack([final() for final in finals])
         vectors = stat.pooled_directions(grads, pool.params)
     if vectors is NotImplemented:
         return vectors
