@@ -106,9 +106,11 @@ def reduce_pool(pool: Pool) -> tuple[dict[Identity, list[Any]], dict[Identity, s
     # in the order of the parameters (backward delivers them in reverse): consumers that keep
     # same-shaped parameters stacked in that order read the pool's rows as one slice
     order = sorted(range(len(pool.indices)), key=pool.indices.__getitem__)
-    for members in (pool.indices, pool.grads, pool.params, pool.finals):
-        if len(members) == len(order):  # finals: only where projections need them
-            members[:] = [members[k] for k in order]
+    pool.indices[:] = [pool.indices[k] for k in order]
+    pool.grads[:] = [pool.grads[k] for k in order]
+    pool.params[:] = [pool.params[k] for k in order]
+    if len(pool.finals) == len(order):  # only where projections need them
+        pool.finals[:] = [pool.finals[k] for k in order]
     grads = torch.stack(pool.grads)
     pool.grads.clear()  # the stack holds them now
     shape = (grads.shape[1], *pool.params[0].shape)  # one parameter's [B, *shape]
@@ -182,9 +184,8 @@ def _directions(stat: Any, pool: PooledGrads, final_grads: Callable[[], Tensor])
         return grads.reshape(pool.count, 1, -1).to(pool.grads.dtype)
     vectors = _pooled_directions(stat, grads, pool)
     if vectors is NotImplemented:
-        each = [directions(stat, g, p) for g, p in zip(grads, pool.params)]
-        vectors = pool.stack(each)
-    return vectors
+        return pool.stack([directions(stat, g, p) for g, p in zip(grads, pool.params)])
+    return vectors  # type: ignore[no-any-return]  # a Tensor when not NotImplemented
 
 
 def _pooled_directions(stat: Any, grads: Tensor, pool: PooledGrads) -> Any:

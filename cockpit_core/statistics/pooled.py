@@ -51,7 +51,8 @@ class PooledGrads:
     def batch_l2(self) -> Tensor:
         """``||g_n||^2`` of every parameter and sample, ``[P, B]``."""
         # one reduction pass: sum(g * g) writes the squares first (~2.5x slower on the CPU)
-        return torch.linalg.vector_norm(self.grads, dim=-1).square_()
+        norms: Tensor = torch.linalg.vector_norm(self.grads, dim=-1)
+        return norms.square_()
 
     def sum_grad_squared(self) -> Tensor:
         """``sum_n g_n * g_n`` of every parameter, ``[P, *shape]``."""
