@@ -17,8 +17,10 @@ from cockpit_core.config.settings import CockpitSettings
 from cockpit_core.diagnosing.build import build_diagnoses
 from cockpit_core.diagnosing.triggers import running_names
 from cockpit_core.errors import ConfigError, DuplicateNameError, UnknownNameError
+from cockpit_core.log import check_log_path
 from cockpit_core.plugin.registry import Registry
 from cockpit_core.quantity import Quantity, validate_config
+from cockpit_core.statistics.router import order
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,6 @@ def validate_config_data(
         errors.extend(_diagnosis_errors(raw_diagnoses, registry))
 
     if "backend" not in bad:
-        from cockpit_core.statistics.router import order
-
         try:
             order(
                 {name: entry.cls for name, entry in registry.providers.items()},
@@ -130,8 +130,6 @@ def validate_config_data(
 
     log = data.get("log")
     if "log" not in bad and isinstance(log, str):
-        from cockpit_core.log import check_log_path
-
         try:
             check_log_path(log)  # what the log writer checks, creating and changing nothing
         except (OSError, ValueError) as err:

@@ -26,7 +26,11 @@ from cockpit_core.config.files import (
     parse_settings,
     resolve_quantities,
 )
-from cockpit_core.config.quantities import quantity_entry, resolve_added_quantity
+from cockpit_core.config.quantities import (
+    check_unique_keys,
+    quantity_entry,
+    resolve_added_quantity,
+)
 from cockpit_core.diagnosing.build import build_diagnoses
 from cockpit_core.diagnosing.runner import DiagnosisRunner
 from cockpit_core.diagnosing.triggers import running_names
@@ -35,7 +39,7 @@ from cockpit_core.distributed.batch import Distributed, active_group, writes_her
 from cockpit_core.engine.attention import MathAttentionHooks
 from cockpit_core.engine.compiled import uncompiled
 from cockpit_core.engine.metrics import METRICS_KEY, clean_metrics
-from cockpit_core.engine.normalize import check_unique_keys, split_params
+from cockpit_core.engine.normalize import split_params
 from cockpit_core.engine.state import LoadReport, load_state, save_state
 from cockpit_core.engine.step import StepRun
 from cockpit_core.engine.tracker import Record, Sink, Tracker

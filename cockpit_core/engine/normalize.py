@@ -1,4 +1,4 @@
-"""Normalizing user input and output values: parameter lists, output keys, loggable values."""
+"""Normalizing user input and output values: parameter lists and loggable values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 
 from cockpit_core.errors import ConfigError, MisuseError
 from cockpit_core.log import clean_value, unserializable_notes
-from cockpit_core.quantity import Quantity
 
 
 def split_params(params: Any) -> tuple[list[torch.nn.Parameter], list[str]]:
@@ -39,17 +38,6 @@ def split_params(params: Any) -> tuple[list[torch.nn.Parameter], list[str]]:
             "[(n, p) for n, p in model.named_parameters() if p.requires_grad]."
         )
     return ps, names
-
-
-def check_unique_keys(quantities: list[Quantity], source: str | None) -> None:
-    """Raise :class:`ConfigError` if two quantities would write the same output key.
-
-    The check lives in :mod:`cockpit_core.config.files` (``resolve_quantities`` runs it); this
-    name stays for callers of the old location.
-    """
-    from cockpit_core.config.files import check_unique_keys as check
-
-    check(quantities, source)
 
 
 def to_serializable(value: Any) -> Any:

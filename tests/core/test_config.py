@@ -16,6 +16,7 @@ from cockpit_core import (
     config_json_schema,
     hookimpl,
 )
+from cockpit_core.config.quantities import check_unique_keys
 
 
 class HistConfig(QuantityConfig):
@@ -198,9 +199,7 @@ def test_a_preset_that_tracks_a_key_twice_says_so(params):
     ]
 
 
-def test_the_old_check_unique_keys_location_still_works():
-    from cockpit_core.engine.normalize import check_unique_keys
-
+def test_a_quantity_tracked_twice_without_labels_names_both_entries():
     with pytest.raises(ConfigError) as err:
         check_unique_keys([Loss(), Loss()], "c.toml")
     assert str(err.value) == (
