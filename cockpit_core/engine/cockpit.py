@@ -45,7 +45,7 @@ from cockpit_core.engine.step import StepRun
 from cockpit_core.engine.tracker import Record, Sink, Tracker
 from cockpit_core.errors import ConfigError, MisuseError
 from cockpit_core.hookspecs import LIVE_PLOT_SINK
-from cockpit_core.log import LogWriter
+from cockpit_core.log import LogWriter, write_json_atomic
 from cockpit_core.observe import ForwardObserver, LossSpec, loss_spec
 from cockpit_core.plugin.discovery import core_version
 from cockpit_core.plugin.registry import Registry, default_registry
@@ -807,8 +807,6 @@ class Cockpit:
         fsync-ed and renamed over ``path``, so a process killed meanwhile leaves the
         previous file intact. Any value can be written (see ``docs/log_format.md``).
         """
-        from cockpit_core.log import write_json_atomic
-
         payload = {
             "header": self.header(),
             "output": {str(s): v for s, v in self.get_output().items()},

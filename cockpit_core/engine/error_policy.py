@@ -23,6 +23,7 @@ from cockpit_core.cache import Cache
 from cockpit_core.engine import loop_checks
 from cockpit_core.engine.planner import Planner, Task
 from cockpit_core.errors import CockpitWarning
+from cockpit_core.log import unserializable_notes
 from cockpit_core.quantity import Quantity
 
 Record = dict[str, Any]
@@ -156,8 +157,6 @@ class ErrorPolicy:
 
     def check_serializable(self, step: int, values: Mapping[str, Any]) -> None:
         """Record an error (phase ``serialize``) for each value the log cannot write as it is."""
-        from cockpit_core.log import unserializable_notes
-
         for key, value in values.items():
             notes = unserializable_notes(value)
             if not notes:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from cockpit_core.errors import CockpitWarning, ConfigError, MisuseError
+from cockpit_core.quantity import validate_config
 from cockpit_core.requirements import MergedRequirements
 from cockpit_core.statistics.gather import StepCollection, requested_kind
 from cockpit_core.statistics.kinds import StatisticKind
@@ -507,8 +508,6 @@ def provider_own_options(
             invalid option, with its path ``provider_options.<provider>.<option>``.
 
     """
-    from cockpit_core.quantity import validate_config
-
     errors: list[tuple[str, str]] = []
     own: dict[str, dict[str, Any]] = {}
     for name, options in provider_options.items():
