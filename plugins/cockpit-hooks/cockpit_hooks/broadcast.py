@@ -17,10 +17,13 @@ Views and casts of a tracked tensor that keep its elements in order (``view``,
 ``reshape``, ``unsqueeze``, ``squeeze``, ``flatten``, ``to``, ``contiguous``) are followed
 and their gradients mapped back, and so are parts selected by basic indexing (a position
 table cut to the sequence, ``pos[:, :T]``, ``narrow``, a row ``table[2]``), whose gradients
-go back into zeros of the whole tensor's shape. A tracked parameter passed as the weight or bias of a
-supported functional (``F.linear``, ``F.layer_norm``, ``F.rms_norm``, ``F.embedding``) is
-handed to a callback, which records the call for
-:mod:`cockpit_hooks.rules.functional`. Any other differentiable use of a tracked tensor is
+go back into zeros of the whole tensor's shape; rows gathered by an integer index
+(``table[index]``, a relative position bias) add their gradients to their rows, and axes
+reordered (``permute``, ``transpose``, ``.t()``) are put back in order.
+
+A tracked parameter passed as the weight or bias of a supported functional (``F.linear``,
+``F.layer_norm``, ``F.rms_norm``, ``F.embedding``) is handed to a callback, which records
+the call for :mod:`cockpit_hooks.rules.functional`. Any other differentiable use of a tracked tensor is
 recorded, so that its per-sample gradients are reported incomplete instead of wrong.
 """
 
@@ -101,9 +104,26 @@ _FOLLOW = frozenset(
 )
 """Operations whose output holds the input's elements in the same order (maybe cast)."""
 
+_REORDER = frozenset(
+    {
+        T.permute,
+        torch.permute,
+        T.transpose,
+        torch.transpose,
+        T.swapaxes,
+        T.swapdims,
+        torch.swapaxes,
+        torch.swapdims,
+        T.t,
+        torch.t,
+    }
+)
+"""Operations whose output holds the input's elements with its axes reordered."""
+
 _SELECT = frozenset({T.__getitem__, T.narrow, torch.narrow})
 """Operations whose output is a part of the input: with basic indexing (integers, slices,
-``None``, ``...``) a view, e.g. a position table cut to the sequence, ``pos[:, :T]``."""
+``None``, ``...``) a view, e.g. a position table cut to the sequence, ``pos[:, :T]``; or
+rows gathered by an integer tensor, ``table[index]`` (a relative position bias)."""
 
 
 @dataclass(eq=False)
@@ -191,10 +211,19 @@ class BroadcastMode(TorchFunctionMode):
             if isinstance(out, Tensor) and out.numel() == hits[0].tensor.numel():
                 self._follow(hits[0], out)
                 return out
+        elif func in _REORDER and len(hits) == 1 and args and args[0] is hits[0].tensor:
+            order = _permutation(func, args, kwargs)
+            if order is not None and isinstance(out, Tensor):
+                self._reorder(hits[0], out, order)
+                return out
         elif func in _SELECT and len(hits) == 1 and args and args[0] is hits[0].tensor:
             key = _basic_key(func, args, kwargs)
+            rows = _row_index(func, args, kwargs) if key is None else None
             if key is not None and isinstance(out, Tensor):
                 self._select(hits[0], out, key)
+                return out
+            if rows is not None and isinstance(out, Tensor):
+                self._gather(hits[0], out, rows)
                 return out
         if any(isinstance(t, Tensor) and t.requires_grad for t in tree_flatten(out)[0]):
             for hit in hits:
@@ -293,9 +322,62 @@ class BroadcastMode(TorchFunctionMode):
 
         self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
 
+    def _gather(self, hit: _Tracked, out: Tensor, rows: Tensor) -> None:
+        """Track ``out = hit.tensor[rows]``: each gathered row's gradient adds to its row."""
+        shape, back = tuple(hit.tensor.shape), hit.back
+        flat = rows.reshape(-1) % shape[0]  # negative rows count from the end
+
+        def to_source(per_sample: Tensor) -> Tensor:
+            batch = per_sample.shape[0]
+            whole = per_sample.new_zeros(batch, *shape)
+            parts = per_sample.reshape(batch, flat.numel(), *shape[1:])
+            return back(whole.index_add_(1, flat.to(per_sample.device), parts))
+
+        self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
+
+    def _reorder(self, hit: _Tracked, out: Tensor, order: list[int]) -> None:
+        """Track ``out = hit.tensor.permute(order)``: gradients are permuted back."""
+        back = hit.back
+        inverse = [order.index(axis) for axis in range(len(order))]
+
+        def to_source(per_sample: Tensor) -> Tensor:
+            shaped = per_sample.reshape(per_sample.shape[0], *out.shape)
+            return back(shaped.permute(0, *(k + 1 for k in inverse)))
+
+        self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
+
 
 def _identity(t: Tensor) -> Tensor:
     return t
+
+
+def _permutation(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:
+    """``order`` with ``out = input.permute(order)`` for a reordering call, or ``None``."""
+    ndim = args[0].dim()
+    rest = list(args[1:]) + list(kwargs.values())
+    if func in (T.t, torch.t):
+        return [1, 0] if ndim == 2 else list(range(ndim))
+    if func in (T.permute, torch.permute):
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+        if len(dims) != ndim or not all(isinstance(d, int) for d in dims):
+            return None
+        return [d % ndim for d in dims]
+    if len(rest) != 2 or not all(isinstance(d, int) for d in rest) or ndim == 0:
+        return None
+    order = list(range(ndim))
+    a, b = rest[0] % ndim, rest[1] % ndim
+    order[a], order[b] = order[b], order[a]
+    return order
+
+
+def _row_index(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The integer index tensor of ``table[index]`` (rows of dimension 0), else ``None``."""
+    if func is not T.__getitem__ or kwargs or len(args) != 2:
+        return None
+    key = args[1][0] if isinstance(args[1], tuple) and len(args[1]) == 1 else args[1]
+    if not isinstance(key, Tensor) or key.is_floating_point() or key.is_complex():
+        return None
+    return None if key.dtype == torch.bool or args[0].dim() == 0 else key
 
 
 def _basic_key(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:

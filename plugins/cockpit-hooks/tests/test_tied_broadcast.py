@@ -128,6 +128,39 @@ def test_parameters_cut_to_the_sequence_then_broadcast(h):
     r.cockpit.close()
 
 
+class RelativeBias(nn.Module):
+    """A Swin-style relative position bias (a table gathered by an index, viewed, permuted)
+    added to attention logits, and a transposed bare table broadcast into the batch."""
+
+    def __init__(self, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qk = nn.Linear(3, 2 * heads * 3)
+        self.table = nn.Parameter(torch.randn(2 * T - 1, heads))
+        offsets = torch.arange(T)[:, None] - torch.arange(T)[None, :] + T - 1
+        self.register_buffer("index", offsets)  # [T, T], each row of the table used often
+        self.pos_t = nn.Parameter(torch.randn(T, T))
+        self.head = nn.Linear(T, 2)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k = self.qk(x).view(b, t, 2, self.heads, 3).unbind(2)
+        logits = q.transpose(1, 2) @ k.permute(0, 2, 3, 1)  # [B, H, T, T]
+        bias = self.table[self.index.view(-1)].view(t, t, self.heads).permute(2, 0, 1)
+        attn = torch.softmax(logits + bias, dim=-1).sum(1)  # [B, T, T]
+        return self.head(attn + self.pos_t.t())
+
+
+def test_gathered_and_permuted_tables_broadcast_into_the_batch(h):
+    torch.manual_seed(0)
+    r = h.run(RelativeBias().double(), lambda m, s: _losses(m(_x(s, B, T, 3))), steps=2)
+    h.check(r, "relative position bias")
+    how = {n: r.cockpit._router.providers["hooks"].describe(s) for n, s in _slots(r)}
+    for name in ("table", "pos_t"):
+        assert how[name].startswith("captured where broadcast into the batch"), how[name]
+    r.cockpit.close()
+
+
 def _slots(r):
     return [(slot.name, slot) for slot in r.cockpit._router.slots]
 
