@@ -36,6 +36,7 @@ it), never silently wrong.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -436,7 +437,9 @@ class HooksProvider(StatisticProvider):
                 # projections need no extra contraction ``d^T a`` per layer
                 mean = total * (col.per_sample_scale / samples)
                 if self._verified.get(i) != how:
-                    self._verify(i, how, grads.mean(), mean, self._coarsest(i, total))
+                    dtype = self._coarsest(i, total)
+                    floor = self._rounding_floor(i, dtype) * col.per_sample_scale / samples
+                    self._verify(i, how, grads.mean(), mean, dtype, floor)
                 # an instance's method replaced by a closure: not expressible in the types
                 grads.mean = lambda mean=mean: mean  # type: ignore[method-assign,misc]
         except Exception as err:  # never break backward(): report the statistic missing
@@ -539,17 +542,47 @@ class HooksProvider(StatisticProvider):
         dtypes = [s.grad.dtype for s in self._state.sites_of(i) if s.grad is not None]
         return max([total.dtype, *dtypes], key=lambda t: torch.finfo(t).eps)
 
+    def _rounding_floor(self, i: int, dtype: torch.dtype) -> float:
+        """A bound on the rounding error of parameter ``i``'s gradient, summed over its uses.
+
+        A use's gradient contribution sums ``d_r a_r^T`` (or ``d_r``) over the rows ``r``
+        (samples, positions) of its output gradient ``d`` and saved input ``a``: its
+        rounding error is at most ``eps ||d||_F ||a||_F`` (``sqrt(rows)`` for ``||a||_F``
+        when the rule saved no tensor). A gradient that small is rounding noise, e.g. a key
+        projection's bias in softmax attention, whose gradient is zero in exact arithmetic
+        (BERT's ``key.bias``): two summation orders then differ by a large relative amount.
+        """
+        eps, floor = torch.finfo(dtype).eps, 0.0
+        for site in self._state.sites_of(i):
+            if site.grad is None or site.grad.dim() == 0:
+                continue
+            rows = site.grad.numel() // max(1, site.grad.shape[-1])
+            saved = site.saved
+            if isinstance(saved, Tensor) and saved.is_floating_point() and saved.numel():
+                size = float(torch.linalg.vector_norm(saved.detach(), dtype=torch.float64))
+            else:
+                size = math.sqrt(rows)
+            floor += eps * float(torch.linalg.vector_norm(site.grad, dtype=torch.float64)) * size
+        return floor
+
     def _verify(
-        self, i: int, how: str, predicted: Tensor, mean: Tensor, dtype: torch.dtype
+        self,
+        i: int,
+        how: str,
+        predicted: Tensor,
+        mean: Tensor,
+        dtype: torch.dtype,
+        floor: float = 0.0,
     ) -> None:
         """Compare the uses' mean gradient with autograd's; remember a mismatch.
 
         ``how``: how the parameter was served (see :meth:`describe`); ``dtype``: the
-        coarsest dtype of the gradients the uses were formed from.
+        coarsest dtype of the gradients the uses were formed from; ``floor``: differences
+        below it are rounding (:meth:`_rounding_floor`).
         """
         self._verified[i] = how
         err = gradient_mismatch(predicted, mean)
-        if err > mismatch_tolerance(dtype):
+        if err > mismatch_tolerance(dtype) and float((predicted.to(mean) - mean).norm()) > floor:
             self._unseen[i] = (
                 "the mean of the per-sample gradients from the module hooks differs from the "
                 f"parameter's gradient by {err:.3g} (relative): the parameter is also used "
