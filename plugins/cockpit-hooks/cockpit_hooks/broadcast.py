@@ -19,7 +19,11 @@ and their gradients mapped back, and so are parts selected by basic indexing (a 
 table cut to the sequence, ``pos[:, :T]``, ``narrow``, a row ``table[2]``), whose gradients
 go back into zeros of the whole tensor's shape; rows gathered by an integer index
 (``table[index]``, a relative position bias) add their gradients to their rows, and axes
-reordered (``permute``, ``transpose``, ``.t()``) are put back in order.
+reordered (``permute``, ``transpose``, ``.t()``) are put back in order. Elementwise operations
+linear in a tracked tensor whose other operands are constants (``x * 0.5 - 1``, a causal
+mask ``torch.where(allowed, x, -inf)``) are followed too, and a tracked ``attn_mask`` of
+``scaled_dot_product_attention`` (T5's relative position bias), which the kernel would
+broadcast over the batch itself, is expanded and captured like an operand.
 
 A tracked parameter passed as the weight or bias of a supported functional (``F.linear``,
 ``F.layer_norm``, ``F.rms_norm``, ``F.embedding``) is handed to a callback, which records
@@ -120,6 +124,9 @@ _REORDER = frozenset(
 )
 """Operations whose output holds the input's elements with its axes reordered."""
 
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+"""Attention whose additive ``attn_mask`` the kernel broadcasts over the batch."""
+
 _SELECT = frozenset({T.__getitem__, T.narrow, torch.narrow})
 """Operations whose output is a part of the input: with basic indexing (integers, slices,
 ``None``, ``...``) a view, e.g. a position table cut to the sequence, ``pos[:, :T]``; or
@@ -197,6 +204,8 @@ class BroadcastMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in _ELEMENTWISE or func in _IN_PLACE:
             return self._elementwise(func, args, kwargs)
+        if func is _SDPA:
+            args, kwargs = self._attention_mask(args, kwargs)
         call = bind(func, args, kwargs) if self.on_functional is not None else None
         if call is not None:
             return self._functional(func, call, args, kwargs)
@@ -241,6 +250,7 @@ class BroadcastMode(TorchFunctionMode):
             return func(*args, **kwargs)
         target = args[0] if func in _IN_PLACE and args else None
         new_args = list(args)
+        others: list[tuple[int, _Tracked]] = []  # tracked operands not broadcast over the batch
         for k, a in enumerate(args):
             hit = self._tracked.get(id(a)) if isinstance(a, Tensor) else None
             if hit is None:
@@ -250,11 +260,48 @@ class BroadcastMode(TorchFunctionMode):
                 if self._capture(hit, expanded, _name(func)):
                     new_args[k] = expanded
                     continue
-            hit.origin.other_uses.append(_name(func))
+            others.append((k, hit))
         for key, a in kwargs.items():
             if isinstance(a, Tensor) and id(a) in self._tracked:
                 self._tracked[id(a)].origin.other_uses.append(f"{_name(func)}({key}=...)")
-        return func(*new_args, **kwargs)
+        out = func(*new_args, **kwargs)
+        scale = _linear_factor(func, args, kwargs, others[0][0]) if len(others) == 1 else None
+        if scale is not None and isinstance(out, Tensor) and target is None:
+            self._scaled(others[0][1], out, scale)  # e.g. a bias masked before it is broadcast
+            return out
+        for _, hit in others:
+            hit.origin.other_uses.append(_name(func))
+        return out
+
+    def _attention_mask(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """An attention call's arguments, its tracked ``attn_mask`` expanded to the batch.
+
+        A tracked mask is an additive bias (e.g. T5's relative position bias); the kernel
+        would broadcast it over the batch itself, where no hook sees it, so it gets the
+        mask expanded and captured like an elementwise operation's operand.
+        """
+        positional = len(args) > 3
+        mask = args[3] if positional else kwargs.get("attn_mask")
+        hit = self._tracked.get(id(mask)) if isinstance(mask, Tensor) else None
+        query = args[0] if args else kwargs.get("query")
+        key = args[1] if len(args) > 1 else kwargs.get("key")
+        if hit is None or not isinstance(query, Tensor) or not isinstance(key, Tensor):
+            return args, kwargs
+        assert isinstance(mask, Tensor)  # hit is not None
+        try:
+            shape = torch.broadcast_shapes(mask.shape, (*query.shape[:-1], key.shape[-2]))
+        except RuntimeError:  # the call raises its own error
+            return args, kwargs
+        if not _batch_broadcast(mask.shape, shape, self.batch_size):
+            return args, kwargs
+        expanded = mask.expand(shape)
+        if not self._capture(hit, expanded, "scaled_dot_product_attention(attn_mask=...)"):
+            return args, kwargs
+        if positional:
+            return (*args[:3], expanded, *args[4:]), kwargs
+        return args, {**kwargs, "attn_mask": expanded}
 
     def _functional(
         self, func: Any, call: FunctionalCall, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -322,6 +369,18 @@ class BroadcastMode(TorchFunctionMode):
 
         self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
 
+    def _scaled(self, hit: _Tracked, out: Tensor, scale: Tensor | float) -> None:
+        """Track ``out``, elementwise ``scale * hit.tensor`` plus constants (broadcast)."""
+        shape, back = tuple(hit.tensor.shape), hit.back
+        aligned = (1,) * (out.dim() - len(shape)) + shape
+
+        def to_source(per_sample: Tensor) -> Tensor:
+            batch = per_sample.shape[0]
+            local = per_sample.reshape(batch, *out.shape) * scale
+            return back(local.sum_to_size((batch, *aligned)).reshape(batch, *shape))
+
+        self._tracked[id(out)] = _Tracked(out, hit.origin, to_source)
+
     def _gather(self, hit: _Tracked, out: Tensor, rows: Tensor) -> None:
         """Track ``out = hit.tensor[rows]``: each gathered row's gradient adds to its row."""
         shape, back = tuple(hit.tensor.shape), hit.back
@@ -349,6 +408,47 @@ class BroadcastMode(TorchFunctionMode):
 
 def _identity(t: Tensor) -> Tensor:
     return t
+
+
+_NEGATED_SECOND = frozenset({torch.sub, torch.subtract, T.sub, T.__sub__})
+_ADDITIVE = frozenset({torch.add, T.add, T.__add__, T.__radd__, T.__rsub__}) | _NEGATED_SECOND
+_PRODUCT = frozenset({torch.mul, torch.multiply, T.mul, T.__mul__, T.__rmul__})
+_QUOTIENT = frozenset({torch.div, torch.divide, torch.true_divide, T.div, T.__truediv__})
+
+
+def _linear_factor(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], k: int
+) -> Tensor | float | None:
+    """``d out / d args[k]`` of an elementwise operation linear in ``args[k]``, or ``None``.
+
+    Only where every other operand is constant (no gradient): ``x + c``, ``c - x``,
+    ``x * c``, ``x / c`` and ``torch.where(mask, x, c)`` (masking a bias before adding it);
+    the output's per-sample gradients then map back to ``x`` by this factor.
+    """
+    if any(isinstance(a, Tensor) and a.requires_grad for j, a in enumerate(args) if j != k):
+        return None
+    if kwargs and set(kwargs) != {"alpha"} or not isinstance(kwargs.get("alpha", 1), (int, float)):
+        return None
+    alpha = float(kwargs.get("alpha", 1))
+    if func in _ADDITIVE and len(args) == 2:
+        if func is T.__rsub__:
+            return -1.0 if k == 0 else None
+        if k == 1:
+            return -alpha if func in _NEGATED_SECOND else alpha
+        return 1.0
+    other = args[1 - k] if len(args) == 2 else None
+    if not isinstance(other, (Tensor, int, float)) or isinstance(other, bool) or kwargs:
+        other = None
+    if func in _PRODUCT and other is not None:
+        return other if isinstance(other, Tensor) else float(other)
+    if func in _QUOTIENT and other is not None and k == 0:
+        if isinstance(other, Tensor):
+            return other.reciprocal()
+        return 1.0 / other if other != 0 else None
+    condition = args[0] if func is torch.where and len(args) == 3 else None
+    if isinstance(condition, Tensor) and condition.dtype == torch.bool and k in (1, 2):
+        return condition if k == 1 else ~condition
+    return None
 
 
 def _permutation(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[int] | None:

@@ -161,6 +161,41 @@ def test_gathered_and_permuted_tables_broadcast_into_the_batch(h):
     r.cockpit.close()
 
 
+class T5Bias(nn.Module):
+    """T5-style attention: a relative position bias looked up once (an ``nn.Embedding`` over
+    ``[T, T]`` buckets), permuted, scaled, causally masked with ``torch.where`` and passed to
+    ``scaled_dot_product_attention`` as ``attn_mask`` (broadcast over the batch inside)."""
+
+    def __init__(self, heads: int = 2, causal: bool = True):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(3, 3 * heads * 4)
+        self.bias = nn.Embedding(2 * T - 1, heads)
+        self.out = nn.Linear(heads * 4, 2)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, 4).permute(2, 0, 3, 1, 4)
+        buckets = torch.arange(t)[None, :] - torch.arange(t)[:, None] + t - 1
+        bias = self.bias(buckets).permute([2, 0, 1]).unsqueeze(0) * 0.5 - 1.0  # [1, H, T, T]
+        if self.causal:
+            allowed = torch.ones(t, t, dtype=torch.bool).tril()
+            bias = torch.where(allowed, bias, -1e4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # [B, H, T, 4]
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_bias_masked_and_passed_to_attention_as_its_mask(h, causal):
+    torch.manual_seed(0)
+    model = T5Bias(causal=causal).double()
+    r = h.run(model, lambda m, s: _losses(m(_x(s, B, T, 3))), steps=2)
+    h.check(r, "attention mask bias")
+    how = r.cockpit._router.providers["hooks"].describe(dict(_slots(r))["bias.weight"])
+    assert "captured where broadcast into the batch" in how, how
+    r.cockpit.close()
+
+
 def _slots(r):
     return [(slot.name, slot) for slot in r.cockpit._router.slots]
 
