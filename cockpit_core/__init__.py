@@ -18,6 +18,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; kept equal to _EXPORTS by
     from cockpit_core.cache import Cache
     from cockpit_core.config.files import config_json_schema, load_config_file, resolve_quantities
     from cockpit_core.context import StepContext
+    from cockpit_core.distributed.sharded import shard_sum, tracked_params
     from cockpit_core.engine.cockpit import Cockpit
     from cockpit_core.errors import (
         CockpitError,
@@ -91,6 +92,8 @@ _EXPORTS: dict[str, str] = {  # public name -> the module defining it, grouped b
     "ExplicitSteps": "cockpit_core.schedules",
     "Logarithmic": "cockpit_core.schedules",
     "OnFinding": "cockpit_core.schedules",
+    "shard_sum": "cockpit_core.distributed.sharded",
+    "tracked_params": "cockpit_core.distributed.sharded",
     # statistics a quantity requires
     "Requirements": "cockpit_core.requirements",
     "Statistic": "cockpit_core.statistics.statistic",
@@ -162,6 +165,8 @@ __all__ = [
     "ExplicitSteps",
     "Logarithmic",
     "OnFinding",
+    "shard_sum",
+    "tracked_params",
     "Requirements",
     "Statistic",
     "BATCH_DOT",

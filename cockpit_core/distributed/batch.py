@@ -30,8 +30,9 @@ Collectives per tracked step: one all-gather of the batch sizes when the block s
 one all-gather of a small integer layout vector and one float64 all-reduce (statistics,
 loss and, where needed, the gradient; variable-length rows are placed at each rank's
 offset in a zero buffer, so concatenation is a sum) when it ends, plus one all-reduce for
-the projections (and a tiny all-gather for ``per_sample_projection``) and one per
-Hessian-vector product. Every rank must track the same
+the projections (and a tiny all-gather for ``per_sample_projection``; under FSDP2 one
+all-gather of each parameter's gradient rows before it, one parameter at a time) and one
+per Hessian-vector product. Every rank must track the same
 steps; an exception inside the block on one rank only leaves the others waiting until the
 process group's timeout.
 
@@ -65,6 +66,7 @@ from cockpit_core.distributed.sharded import (
     SHARD_CHUNK,
     ShardedGradient,
     ShardedStepData,
+    project_gathered,
     shard_reducer,
 )
 from cockpit_core.engine.planner import Outcome, Task
@@ -319,8 +321,18 @@ class StepSync:
                     missing.setdefault(ident, f"{by_ident[ident].describe()}: {err}.")
         projections = [by_ident[i] for i in idents if rules[i] == "project" and i not in missing]
         if projections and self.sharded:  # sample n's gradient and g's rows live apart
+            assert isinstance(self.gradient, ShardedGradient)
+            why = self.gradient.reason  # unequal local batches: the rows are not g's
             for stat in projections:
-                missing[stat.identity] = PROJECTION_REASON.format(stat=stat.describe())
+                if stat.fn is not None:  # directions from the sharded parameter and state
+                    missing[stat.identity] = PROJECTION_REASON.format(stat=stat.describe())
+                elif why is not None:
+                    missing[stat.identity] = f"{stat.describe()}: {why}"
+            projections = [s for s in projections if s.identity not in missing]
+            if projections:
+                out.update(
+                    project_gathered(projections, stats, grads, self.params, self.shares, missing)
+                )
         elif projections:
             assert isinstance(self.gradient, GlobalGradient)  # not sharded
             out.update(self.gradient.project(projections, stats, grads, missing))

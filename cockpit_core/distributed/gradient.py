@@ -232,108 +232,151 @@ class GlobalGradient:
         """Per-sample projections on directions from ``g``, for the global batch.
 
         Each process projects its own samples (``[B_r]`` or ``[B_r, K]`` per parameter)
-        and the rows are concatenated in rank order, all statistics in one all-reduce.
-        Directions that fail on any process make the statistic missing everywhere (one
-        tiny all-gather of the direction counts, only for ``per_sample_projection``).
+        and the rows are concatenated in rank order (:func:`project_rows`).
         """
-        s = self.shares
-        local: dict[tuple[str, str], list[Tensor]] = {}
-        errors: dict[tuple[str, str], str] = {}
-        counts: list[int] = []
-        for stat in declared:
-            try:
-                local[stat.identity] = [
-                    self._project(stat, v, g, p)
-                    for v, g, p in zip(values[stat.identity], grads, self.params)
-                ]
-                if stat.fn is not None:
-                    rows = local[stat.identity]
-                    counts.append(int(rows[0].shape[1]) if rows else 0)
-            except Exception as err:
-                errors[stat.identity] = failed_directions(stat, err)
-                local.pop(stat.identity, None)
-                if stat.fn is not None:
-                    counts.append(-1)
-        custom = [stat for stat in declared if stat.fn is not None]
-        width = {stat.identity: 1 for stat in declared if stat.fn is None}
-        if custom:  # agree on which statistics every process could project
-            mine = torch.tensor(counts, dtype=torch.int64, device=s.device)
-            everyone = [torch.zeros_like(mine) for _ in range(s.world)]
-            dist.all_gather(everyone, mine, group=s.group)
-            table = torch.stack(everyone).cpu()
-            for j, stat in enumerate(custom):
-                column = table[:, j]
-                if int(column.min()) < 0 or int(column.max()) != int(column.min()):
-                    who = [r for r in range(s.world) if int(column[r]) < 0]
-                    missing.setdefault(
-                        stat.identity,
-                        errors.get(stat.identity)
-                        or f"{stat.describe()}: its projection directions failed on "
-                        f"process(es) {who or list(range(s.world))}; see the errors there.",
-                    )
-                    local.pop(stat.identity, None)
-                else:
-                    width[stat.identity] = int(column[0])
-        # the layout depends only on what every process knows (the table, the batch sizes):
-        # a projection that failed here contributes zeros and a flag in the same all-reduce
-        kept = [stat for stat in declared if stat.identity in width]
-        buf = ReduceBuffer(s.device)
-        slots: dict[tuple[str, str], list[tuple[slice, torch.dtype, tuple[int, ...]]]] = {}
-        flags = torch.zeros(len(kept), dtype=torch.float64)
-        for j, stat in enumerate(kept):
-            ident, k = stat.identity, width[stat.identity]
-            lengths = [n * k for n in s.sizes]
-            pieces = []
-            try:
-                for row in local[ident]:
-                    if int(row.numel()) != lengths[s.rank]:
-                        raise RuntimeError(
-                            f"{stat.describe()}: {int(row.numel())} values here, expected "
-                            f"{lengths[s.rank]}"
-                        )
-                    pieces.append((row.reshape(-1), row.dtype, tuple(row.shape[1:])))
-            except Exception as err:
-                errors.setdefault(ident, f"{stat.describe()}: {type(err).__name__}: {err}")
-                flags[j] = 1.0
-                zero = torch.zeros(lengths[s.rank], device=s.device)
-                tail = (k,) if stat.fn is not None else ()
-                pieces = [(zero, torch.float64, tail) for _ in self.params]
-            slots[ident] = [
-                (buf.add_rows(flat, lengths, s.rank), dt, tail) for flat, dt, tail in pieces
-            ]
-        flag_slot = buf.add_rows(flags, [len(kept)] * s.world, s.rank) if kept else None
-        red = buf.all_reduce(s.group)
-        out: dict[tuple[str, str], list[Tensor]] = {}
-        failed = red[flag_slot].reshape(s.world, len(kept)).cpu() if flag_slot is not None else None
-        for j, stat in enumerate(kept):
-            ident = stat.identity
-            if failed is not None and bool(failed[:, j].any()):
-                who = [r for r in range(s.world) if failed[r, j] > 0]
-                here = f" (here: {errors[ident]})" if ident in errors else ""
-                missing[ident] = (
-                    f"{stat.describe()} could not be projected on process(es) {who}{here}."
-                )
-                continue
-            out[ident] = [red[sl].to(dt).reshape(-1, *tail) for sl, dt, tail in slots[ident]]
-        return out
+        return project_rows(declared, values, self.params, self.shares, grads.__getitem__, missing)
 
-    def _project(
-        self,
-        stat: Any,
-        value: PerSampleGrads | DeferredConcat | Tensor | None,
-        grad: Tensor,
-        param: Tensor,
-    ) -> Tensor:
-        """The local projections of one parameter (zeros if it had no gradient here)."""
-        if isinstance(value, Deferred):
-            return project(stat, value, grad, param)
-        if value is not None:
-            return value
-        rows = self.shares.sizes[self.shares.rank]
-        if stat.fn is None:
-            return torch.zeros(rows, device=self.shares.device)
-        k = int(stat.fn(grad, param.detach()).shape[0])
-        return torch.zeros(rows, k, device=self.shares.device)
+
+def project_rows(
+    declared: Sequence[Any],
+    values: dict[tuple[str, str], list[Any]],
+    params: Sequence[Tensor],
+    shares: Shares,
+    gradient: Callable[[int], Tensor],
+    missing: dict[tuple[str, str], str],
+) -> dict[tuple[str, str], list[Tensor]]:
+    """Per-sample projections on directions from ``g``, for the global batch.
+
+    ``gradient(i)``: parameter ``i``'s whole gradient ``g``, asked for once per parameter,
+    in order, on every process alike (under FSDP2 it is gathered then: it may issue a
+    collective, and is dropped before the next parameter's). Each process projects its
+    own samples (``[B_r]`` or ``[B_r, K]`` per parameter) and the rows are concatenated in
+    rank order, all statistics in one all-reduce. Directions that fail on any process
+    make the statistic missing everywhere (one tiny all-gather of the direction counts,
+    only for ``per_sample_projection``).
+    """
+    s = shares
+    local: dict[tuple[str, str], list[Tensor]] = {stat.identity: [] for stat in declared}
+    errors: dict[tuple[str, str], str] = {}
+    for i, param in enumerate(params):
+        try:
+            g: Tensor | None = gradient(i)
+        except Exception as err:  # the gradient is not known here: every statistic fails
+            g = None
+            for stat in declared:
+                errors.setdefault(stat.identity, failed_directions(stat, err))
+        for stat in declared:
+            ident = stat.identity
+            if ident in errors or g is None:
+                continue
+            try:
+                local[ident].append(_project_one(stat, values[ident][i], g, param, s))
+            except Exception as err:
+                errors[ident] = failed_directions(stat, err)
+        del g  # one parameter's gradient at a time (gathered under FSDP2)
+    for ident in errors:
+        local.pop(ident, None)
+    counts = [
+        (int(local[stat.identity][0].shape[1]) if local[stat.identity] else 0)
+        if stat.identity in local
+        else -1
+        for stat in declared
+        if stat.fn is not None
+    ]
+    return _combine_rows(declared, local, errors, counts, params, s, missing)
+
+
+def _combine_rows(
+    declared: Sequence[Any],
+    local: dict[tuple[str, str], list[Tensor]],
+    errors: dict[tuple[str, str], str],
+    counts: list[int],
+    params: Sequence[Tensor],
+    s: Shares,
+    missing: dict[tuple[str, str], str],
+) -> dict[tuple[str, str], list[Tensor]]:
+    """Concatenate every process's projection rows (see :func:`project_rows`)."""
+    custom = [stat for stat in declared if stat.fn is not None]
+    width = {stat.identity: 1 for stat in declared if stat.fn is None}
+    if custom:  # agree on which statistics every process could project
+        mine = torch.tensor(counts, dtype=torch.int64, device=s.device)
+        everyone = [torch.zeros_like(mine) for _ in range(s.world)]
+        dist.all_gather(everyone, mine, group=s.group)
+        table = torch.stack(everyone).cpu()
+        for j, stat in enumerate(custom):
+            column = table[:, j]
+            if int(column.min()) < 0 or int(column.max()) != int(column.min()):
+                who = [r for r in range(s.world) if int(column[r]) < 0]
+                missing.setdefault(
+                    stat.identity,
+                    errors.get(stat.identity)
+                    or f"{stat.describe()}: its projection directions failed on "
+                    f"process(es) {who or list(range(s.world))}; see the errors there.",
+                )
+                local.pop(stat.identity, None)
+            else:
+                width[stat.identity] = int(column[0])
+    # the layout depends only on what every process knows (the table, the batch sizes):
+    # a projection that failed here contributes zeros and a flag in the same all-reduce
+    kept = [stat for stat in declared if stat.identity in width]
+    buf = ReduceBuffer(s.device)
+    slots: dict[tuple[str, str], list[tuple[slice, torch.dtype, tuple[int, ...]]]] = {}
+    flags = torch.zeros(len(kept), dtype=torch.float64)
+    for j, stat in enumerate(kept):
+        ident, k = stat.identity, width[stat.identity]
+        lengths = [n * k for n in s.sizes]
+        pieces = []
+        try:
+            if ident not in local:
+                raise RuntimeError(errors.get(ident, "no projections"))
+            for row in local[ident]:
+                if int(row.numel()) != lengths[s.rank]:
+                    raise RuntimeError(
+                        f"{stat.describe()}: {int(row.numel())} values here, expected "
+                        f"{lengths[s.rank]}"
+                    )
+                pieces.append((row.reshape(-1), row.dtype, tuple(row.shape[1:])))
+        except Exception as err:
+            errors.setdefault(ident, f"{stat.describe()}: {type(err).__name__}: {err}")
+            flags[j] = 1.0
+            zero = torch.zeros(lengths[s.rank], device=s.device)
+            tail = (k,) if stat.fn is not None else ()
+            pieces = [(zero, torch.float64, tail) for _ in params]
+        slots[ident] = [
+            (buf.add_rows(flat, lengths, s.rank), dt, tail) for flat, dt, tail in pieces
+        ]
+    flag_slot = buf.add_rows(flags, [len(kept)] * s.world, s.rank) if kept else None
+    red = buf.all_reduce(s.group)
+    out: dict[tuple[str, str], list[Tensor]] = {}
+    failed = red[flag_slot].reshape(s.world, len(kept)).cpu() if flag_slot is not None else None
+    for j, stat in enumerate(kept):
+        ident = stat.identity
+        if failed is not None and bool(failed[:, j].any()):
+            who = [r for r in range(s.world) if failed[r, j] > 0]
+            here = f" (here: {errors[ident]})" if ident in errors else ""
+            missing[ident] = f"{stat.describe()} could not be projected on process(es) {who}{here}."
+            continue
+        out[ident] = [red[sl].to(dt).reshape(-1, *tail) for sl, dt, tail in slots[ident]]
+    return out
+
+
+def _project_one(
+    stat: Any,
+    value: PerSampleGrads | DeferredConcat | Tensor | None,
+    grad: Tensor,
+    param: Tensor,
+    shares: Shares,
+) -> Tensor:
+    """The local projections of one parameter (zeros if it had no gradient here)."""
+    if isinstance(value, Deferred):
+        return project(stat, value, grad, param)
+    if value is not None:
+        return value
+    rows = shares.sizes[shares.rank]
+    if stat.fn is None:
+        return torch.zeros(rows, device=shares.device)
+    k = int(stat.fn(grad, param.detach()).shape[0])
+    return torch.zeros(rows, k, device=shares.device)
 
 
 class GradientUnavailableError(RuntimeError):

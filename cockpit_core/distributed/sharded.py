@@ -15,16 +15,21 @@ What cockpit does at a tracked step with such parameters:
   :class:`~cockpit_core.distributed.batch.StepSync` combines them by each kind's rule,
   exactly as under DDP (sums, concatenated rows, maxima); ``loss`` likewise.
 - **The global gradient and the parameters** are read only as local shards
-  (``DTensor.to_local()``), never gathered. A quantity sees them only if it declares that
+  (``DTensor.to_local()``), never gathered for a quantity. A quantity sees them only if it declares that
   it works on shards (:func:`declares_shards`): ``ctx.params`` and ``ctx.grads`` are then
   this process's rows, a statistic with the parameter's shape (``SUM_GRAD_SQUARED``) is cut
   to the same rows, and :func:`shard_sum` adds per-shard partial sums over the processes
   (one all-reduce, in the quantities' lockstep). Any other quantity that reads
   ``ctx.params`` or ``ctx.grads`` fails with :data:`PARAMS_REASON` at that access (recorded,
   training goes on); one that needs neither (``loss``, ``grad_hist_1d``) runs as usual.
-- **Projections on the gradient** (``BATCH_PROJECTION``, ``per_sample_projection``) are
-  missing with :data:`PROJECTION_REASON`: sample ``n``'s gradient is known only on the
-  process that holds sample ``n``, the gradient's rows on every process.
+- **Projections on the gradient** (``BATCH_PROJECTION``, ``g_n . g``): sample ``n``'s
+  gradient is formed only on the process that holds sample ``n``, the gradient's rows live
+  on every process. Each process gathers the gradient of one parameter at a time (one
+  all-gather of every process's rows, :func:`gathered_gradient`), projects its own samples
+  on it and drops it before the next parameter; the rows are then combined as under DDP.
+  No process holds more than one parameter's whole gradient beyond FSDP's own buffers.
+  ``per_sample_projection`` (directions ``fn(g, theta)`` from the parameter and, for
+  ``alpha``, the optimizer's sharded state) is missing with :data:`PROJECTION_REASON`.
 - **Hessian-vector products** (double backward through ``fully_shard``) and micro-batch
   gradient norms are refused before the quantity runs, with :data:`HVP_REASON` and
   :data:`MICRO_BATCH_REASON` (:func:`task_refusal`).
@@ -32,22 +37,30 @@ What cockpit does at a tracked step with such parameters:
 Whole steps are refused (every quantity, no collective) when cockpit cannot read the
 layout: other ``DTensor`` placements (tensor parallelism, 2-D meshes), a mesh that is not
 the Cockpit's process group, parameters of which only some are sharded, or a Cockpit built
-before ``fully_shard`` (:func:`refusal`). The decision depends only on the parameters'
-types and layouts, the same on every process, so no process issues a collective that
-another skips.
+before ``fully_shard`` (:func:`refusal`; the model's parameters are listed once per
+model and again only when one of them is replaced). The decision depends only on the
+parameters' types and layouts, the same on every process, so no process issues a
+collective that another skips.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, SupportsIndex, overload
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from cockpit_core.distributed.gradient import GradientUnavailableError, ReduceBuffer, Shares
+from cockpit_core.distributed.gradient import (
+    GradientUnavailableError,
+    ReduceBuffer,
+    Shares,
+    project_rows,
+)
 from cockpit_core.errors import UnsupportedModelError
 from cockpit_core.statistics.statistic import Statistic
 from cockpit_core.step_data import StepData
@@ -88,13 +101,13 @@ UNEQUAL_REASON = (
 """Why the gradient is unavailable to shard-aware quantities with unequal local batches."""
 
 PROJECTION_REASON = (
-    "{stat} projects each sample's gradient on directions formed from the global gradient; "
-    "under FSDP2 (fully_shard) a sample's gradient is known only on the process that holds "
-    "the sample, the gradient's rows on every process, so the projection would need the "
-    "whole gradient of a layer gathered on one process; cockpit does not gather it "
-    f"({DOCS})"
+    "{stat} projects each sample's gradient on directions fn(g, theta) that its author "
+    "computes from a parameter's whole gradient and the parameter itself (alpha: also the "
+    "optimizer's state); under FSDP2 (fully_shard) the parameter and the optimizer's state "
+    "are sharded DTensors, and cockpit gathers only the gradient, one parameter at a time, "
+    f"for BATCH_PROJECTION ({DOCS})"
 )
-"""Why projections on the gradient are missing under FSDP2."""
+"""Why ``per_sample_projection`` statistics are missing under FSDP2."""
 
 HVP_REASON = (
     "this quantity needs Hessian-vector products (double backward), and the tracked "
@@ -156,12 +169,45 @@ def refusal(
                 return None
         more = f" and {len(found) - 1} more" if len(found) > 1 else ""
         return f"{REASON} (sharded: '{found[0]}'{more})."
-    if model is not None and any(isinstance(p, _SHARDED) for p in model.parameters()):
+    if model is not None and holds_sharded(model):
         return (
             f"{REASON} (the model's parameters were sharded after the Cockpit was built, so "
             "it tracks parameters the model no longer holds: build it after fully_shard)."
         )
     return None
+
+
+class _Layout:
+    """Where a model keeps each of its parameters, and whether any of them is a ``DTensor``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.slots = [
+            (module, name, p)
+            for module in model.modules()
+            for name, p in module.named_parameters(recurse=False)
+        ]
+        self.sharded = any(isinstance(p, _SHARDED) for _, _, p in self.slots)
+
+    def unchanged(self) -> bool:
+        """Whether every parameter is still the one registered where it was listed."""
+        return all(getattr(module, name, None) is p for module, name, p in self.slots)
+
+
+_LAYOUTS: weakref.WeakKeyDictionary[torch.nn.Module, _Layout] = weakref.WeakKeyDictionary()
+
+
+def holds_sharded(model: torch.nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor``.
+
+    Listing a model's parameters at every tracked step costs (the module tree is walked),
+    so the answer is kept per model and recomputed only when one of the parameters it saw
+    is no longer registered where it was (``fully_shard`` registers a ``DTensor`` in place
+    of every parameter of the modules it shards): a few dictionary look-ups per step.
+    """
+    layout = _LAYOUTS.get(model)
+    if layout is None or not layout.unchanged():
+        layout = _LAYOUTS[model] = _Layout(model)
+    return layout.sharded
 
 
 def is_sharded(params: Sequence[Tensor]) -> bool:
@@ -224,6 +270,92 @@ def local_params_for_checks(params: Sequence[Tensor]) -> list[LocalGrad]:
     return [LocalGrad(None if p.grad is None else local(p.grad)) for p in params]
 
 
+class GatherBuffer:
+    """One buffer per dtype that the parameters' gradients are gathered into in turn.
+
+    Sized for the largest parameter (padded to the processes' chunks) when first used, so
+    the gradients gathered for projections never take more than that: each parameter's
+    overwrites the previous one's, which its user dropped by then.
+    """
+
+    def __init__(self, params: Sequence[Tensor], shares: Shares):
+        self.shares = shares
+        self.numel = max((_padded(p.shape, shares.world) for p in params), default=0)
+        self._flat: dict[torch.dtype, Tensor] = {}
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+        """A ``shape`` view of the buffer of ``dtype`` (its first entries)."""
+        n = math.prod(shape)
+        flat = self._flat.get(dtype)
+        if flat is None or flat.numel() < n:
+            size = max(n, self.numel)
+            flat = self._flat[dtype] = torch.empty(size, dtype=dtype, device=self.shares.device)
+        return flat[:n].view(*shape)
+
+
+def _padded(shape: Sequence[int], world: int) -> int:
+    """Entries of a parameter of ``shape`` padded to ``world`` equal chunks of dimension 0."""
+    if not len(shape):
+        return 1
+    rows = math.ceil(int(shape[0]) / world) * world
+    return rows * math.prod(int(n) for n in shape[1:])
+
+
+def gathered_gradient(rows_here: Tensor, shape: Sequence[int], buffer: GatherBuffer) -> Tensor:
+    """One parameter's whole gradient from every process's rows: one all-gather.
+
+    Every process calls it alike, parameter by parameter (for projections on the gradient,
+    :func:`project_gathered`). Each process's rows are padded to ``torch.chunk``'s chunk and
+    gathered into ``buffer``; the result is a view of it, valid until the next parameter's
+    gradient is gathered. If this process cannot send its rows it sends zeros (the
+    collective stays matched) and raises afterwards.
+    """
+    shares = buffer.shares
+    chunk = math.ceil(int(shape[0]) / shares.world)
+    tail = tuple(int(n) for n in shape[1:])
+    send = torch.zeros((chunk, *tail), dtype=rows_here.dtype, device=shares.device)
+    error: Exception | None = None
+    try:
+        send[: rows_here.shape[0]] = rows_here
+    except Exception as err:  # e.g. rows of another shape: zeros go out, the error after
+        send.zero_()
+        error = err
+    out = buffer.take((shares.world * chunk, *tail), send.dtype)
+    _gather_into(out, send, group=shares.group)
+    if error is not None:
+        raise RuntimeError(f"this process's gradient rows could not be sent: {error!r}")
+    return out[: int(shape[0])].to(rows_here.device)
+
+
+def _gather_into(out: Tensor, send: Tensor, group: Any) -> None:
+    """``all_gather_single`` (torch >= 2.13), else ``all_gather_into_tensor``."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, send, group=group)
+
+
+def project_gathered(
+    declared: Sequence[Statistic],
+    values: dict[tuple[str, str], list[Any]],
+    grads: Sequence[Tensor],
+    params: Sequence[Tensor],
+    shares: Shares,
+    missing: dict[tuple[str, str], str],
+) -> dict[tuple[str, str], list[Tensor]]:
+    """``BATCH_PROJECTION`` of the global batch from the gradient's rows (``grads``).
+
+    Parameter by parameter, every process gathers the whole gradient into one buffer of
+    the largest parameter's size (:func:`gathered_gradient`, :class:`GatherBuffer`) and
+    projects its own samples on it; the rows are then concatenated over the processes as
+    under DDP (one all-reduce).
+    """
+    buffer = GatherBuffer(params, shares)
+
+    def gradient(i: int) -> Tensor:
+        return gathered_gradient(grads[i], params[i].shape, buffer)
+
+    return project_rows(declared, values, params, shares, gradient, missing)
+
+
 # -- what quantities see ------------------------------------------------------------------
 
 _REDUCER: contextvars.ContextVar[Callable[[Tensor], Tensor] | None] = contextvars.ContextVar(
@@ -249,6 +381,19 @@ def shard_sum(values: Tensor) -> Tensor:
     return values if reduce is None else reduce(values)
 
 
+def tracked_params(params: Sequence[Tensor]) -> list[Tensor]:
+    """The parameters that ``params`` (a quantity's ``ctx.params``) stand for, as tracked.
+
+    Under FSDP2 ``ctx.params`` holds this process's rows, new tensors; the optimizer holds
+    the tracked ``DTensor`` s. A quantity that finds parameters by identity (in
+    ``optimizer.param_groups`` or its ``state``) looks up these instead. Elsewhere it
+    returns the parameters themselves. Reading it is not reading the values: any quantity
+    may call it.
+    """
+    tracked = getattr(params, "tracked", None)
+    return list(params) if tracked is None else list(tracked)
+
+
 def cuts_to_rows(stat: Statistic) -> bool:
     """Whether ``stat``'s values, where they have their parameter's shape, are cut to the rows.
 
@@ -262,9 +407,10 @@ def cuts_to_rows(stat: Statistic) -> bool:
 class _Guarded(list):  # type: ignore[type-arg]
     """The local shards of the parameters: readable only by shard-aware quantities."""
 
-    def __init__(self, items: Iterable[Tensor], data: ShardedStepData):
+    def __init__(self, items: Iterable[Tensor], data: ShardedStepData, tracked: list[Tensor]):
         super().__init__(items)
         self._owner = data
+        self.tracked = tracked
 
     def __iter__(self) -> Iterator[Tensor]:
         self._owner.check_access()
@@ -321,7 +467,7 @@ class ShardedStepData(StepData):
         self._gradient_reason = gradient_reason
         self._reduce: Callable[[Tensor], Tensor] | None = None
         self.aware = False
-        self.params = _Guarded((local(p) for p in self._sharded), self)
+        self.params = _Guarded((local(p) for p in self._sharded), self, self._sharded)
         self.statistics = _Statistics(self.statistics, self)
         self._token: contextvars.Token[Any] | None = None
 
@@ -467,14 +613,19 @@ __all__ = [
     "PROJECTION_REASON",
     "REASON",
     "UNEQUAL_REASON",
+    "GatherBuffer",
     "ShardedGradient",
     "ShardedStepData",
     "cuts_to_rows",
     "declares_shards",
+    "gathered_gradient",
+    "holds_sharded",
     "is_sharded",
+    "project_gathered",
     "refusal",
     "shard_reducer",
     "shard_sum",
     "sharded_names",
     "task_refusal",
+    "tracked_params",
 ]

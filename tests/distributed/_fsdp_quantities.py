@@ -1,10 +1,9 @@
 """Quantities written against the shard protocol, as a third party would (FSDP2 tests).
 
 Each declares ``shards = True``: under FSDP2 ``ctx.params``/``ctx.grads`` (and statistics
-with a parameter's shape) hold this process's rows, and
-:func:`~cockpit_core.distributed.sharded.shard_sum` adds per-shard partial sums over the
-processes. Unsharded, ``shard_sum`` returns its argument, so the same code gives the
-first-party quantity's value on one process: the tests compare them with ``grad_norm``,
+with a parameter's shape) hold this process's rows, and :func:`~cockpit_core.shard_sum`
+adds per-shard partial sums over the processes. Unsharded, ``shard_sum`` returns its
+argument, so the same code gives the first-party quantity's value on one process: the tests compare them with ``grad_norm``,
 ``distance``, ``mean_gsnr`` and ``norm_test`` of one process on the global batch.
 """
 
@@ -22,8 +21,8 @@ from cockpit_core import (
     Requirements,
     StepContext,
     layered,
+    shard_sum,
 )
-from cockpit_core.distributed.sharded import shard_sum
 
 
 def _squared_norms(tensors: list[torch.Tensor]) -> torch.Tensor:

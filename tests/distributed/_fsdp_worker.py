@@ -5,7 +5,7 @@ Run as ``python _fsdp_worker.py RANK WORLD PORT OUT_DIR``. Each process shards t
 trains on its part of each global batch (local batches ``SIZES``), once per entry of
 ``RUNS``: without a Cockpit (``plain``), with ``Cockpit(model, QUANTITIES + the
 shard-aware test quantities)`` (``exact``, a log for equal batches, with a spy on every
-gather and redistribution that cockpit's own code issues; ``no_reshard`` likewise with
+gather and redistribution that cockpit's own code issues, and the memory it gathers into; ``no_reshard`` likewise with
 ``reshard_after_forward=False`` on the blocks), with a shard-aware quantity that fails on
 process 1 only before its ``shard_sum`` (``flaky``), over two micro-batches per step
 (``accumulate``), with ``distributed="off"``,
@@ -69,12 +69,18 @@ QUANTITIES: list[Any] = [
     "grad_norm",
     "distance",
     "update_size",
+    "param_norm",
+    "update_ratio",
+    "optimizer_hparams",
+    "parameters",
     "norm_test",
     "inner_test",
     "ortho_test",
     "mean_gsnr",
     "early_stopping",
     {"name": "cabs", "lr": LR},
+    {"name": "cabs", "label": "cabs_optimizer"},  # the learning rate from the optimizer
+    "noise_scale",
     "grad_hist_1d",
     "alpha",
     {"name": "hess_max_ev", "every": 2},
@@ -130,11 +136,14 @@ def _from_cockpit() -> bool:
 
 
 @contextmanager
-def spy(seen: list[tuple[str, str, int]]) -> Iterator[None]:
-    """Record ``(what, dtype, numel)`` of every gather or redistribution cockpit's code issues.
+def spy(seen: list[tuple[str, str, int, int, int]]) -> Iterator[None]:
+    """Record every gather or redistribution cockpit's code issues.
 
     Wraps ``DTensor.full_tensor``/``redistribute`` (which would gather a parameter), the
     DTensor redistribution kernel and the gather collectives of ``torch.distributed``.
+    Each call adds ``(what, dtype, numel, storage, nbytes)`` of its first tensor: the
+    address and size of the memory it lives in (two gathers into one address can not be
+    alive at once).
     """
     import torch.distributed.tensor._redistribute as redistribute_module
 
@@ -147,6 +156,8 @@ def spy(seen: list[tuple[str, str, int]]) -> Iterator[None]:
         (dist, "all_gather_object"),
         (dist, "broadcast"),
     ]
+    if hasattr(dist, "all_gather_single"):  # torch >= 2.13
+        targets.append((dist, "all_gather_single"))
     originals = [(owner, name, getattr(owner, name)) for owner, name in targets]
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -157,9 +168,11 @@ def spy(seen: list[tuple[str, str, int]]) -> Iterator[None]:
                 lists = [a for a in args if isinstance(a, list) and a]
                 t = tensors[0] if tensors else (lists[0][0] if lists else None)
                 if isinstance(t, torch.Tensor):
-                    seen.append((name, str(t.dtype), int(t.numel())))
+                    storage = t.untyped_storage()
+                    where = (storage.data_ptr(), storage.nbytes())
+                    seen.append((name, str(t.dtype), int(t.numel()), *where))
                 else:
-                    seen.append((name, "object", 0))
+                    seen.append((name, "object", 0, 0, 0))
             return fn(*args, **kwargs)
 
         return wrapper
@@ -221,7 +234,7 @@ def run(rank: int, how: str, sizes: tuple[int, int], out_dir: Path) -> dict[str,
         cp = Cockpit(model, "economy", on_error="raise")
     lo = sum(sizes[:rank])
     losses, raised = [], []
-    seen: list[tuple[str, str, int]] = []
+    seen: list[tuple[str, str, int, int, int]] = []
     with warnings.catch_warnings(record=True) as caught, spy(seen):
         warnings.simplefilter("always", CockpitWarning)
         for step in range(STEPS):
@@ -252,7 +265,7 @@ def run(rank: int, how: str, sizes: tuple[int, int], out_dir: Path) -> dict[str,
                     raised.append(str(err))
             opt.step()
             losses.append(float(loss.detach()))
-        report = cp.check(model) if how == "exact" else None
+        report = cp.check(model) if how == "exact" and cp is not None else None
         if cp is not None:
             cp.close()
     return {

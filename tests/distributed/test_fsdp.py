@@ -9,13 +9,18 @@ what FSDP's reduce-scatter averages).
 - ``loss`` and ``grad_hist_1d`` (per-sample statistics from the module hooks, which see the
   unsharded weights, combined over the processes) equal the reference on every process, at
   both splits; histogram counts are identical.
-- The shard-aware test quantities (``_fsdp_quantities``: ``shards = True`` and
-  ``shard_sum``) read only each process's rows and equal ``grad_norm``, ``distance``,
-  ``mean_gsnr`` and ``norm_test`` of the reference; with unequal local batches the
-  gradient is refused.
-- Every other quantity is refused per quantity with its reason (it reads the shards without
-  declaring it, projects on the gradient, or needs Hessian-vector products); training is
-  unchanged, and cockpit's own code gathers no parameter (a spy on every gather).
+- The first-party quantities that declare shards (``grad_norm``, ``distance``,
+  ``update_size``, ``param_norm``, ``update_ratio``, the gradient tests, ``cabs`` with the
+  learning rate from the optimizer, ``noise_scale``), ``optimizer_hparams`` and the
+  shard-aware test quantities (``_fsdp_quantities``, written as a third party would) read
+  only each process's rows and equal the reference; those that read the gradient only with
+  equal local batches (else refused with the reason). The projections on the gradient
+  (``inner_test``, ``ortho_test``, ``noise_scale``) gather one parameter's gradient at a
+  time.
+- ``alpha`` (directions from the sharded parameters and optimizer state), ``hess_max_ev``
+  (Hessian-vector products) and ``noise_scale_cheap`` are refused per quantity with their
+  reason; training is unchanged, and cockpit's own code gathers no parameter (a spy on
+  every gather), and never holds two gathered gradients at once.
 - ``distributed="off"``, a Cockpit built before ``fully_shard``: every quantity refused.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,6 +53,7 @@ from _fsdp_worker import (  # noqa: E402
 from test_ddp import assert_same, launch  # noqa: E402
 
 from cockpit_core import Cockpit  # noqa: E402
+from cockpit_core.distributed import sharded  # noqa: E402
 from cockpit_core.distributed.sharded import (  # noqa: E402
     HVP_REASON,
     MICRO_BATCH_REASON,
@@ -61,23 +68,63 @@ pytest.importorskip("cockpit_hooks")
 
 RTOL = 1e-9
 IDS = [f"{a}/{b}" for a, b in SIZES]
-EXACT = {"loss", "grad_hist_1d", "shard_distance"}
-"""Equal to the reference at every split; with equal splits also the gradient's quantities."""
-NEEDS_GRADIENT = {"shard_grad_norm", "shard_mean_gsnr", "shard_norm_test"}
+EXACT = {
+    "loss",
+    "grad_hist_1d",
+    "shard_distance",
+    "distance",
+    "update_size",
+    "param_norm",
+    "update_ratio",
+    "optimizer_hparams",
+}
+"""Equal to the reference at every split (they do not read the gradient)."""
+NEEDS_GRADIENT = {
+    "shard_grad_norm",
+    "shard_mean_gsnr",
+    "shard_norm_test",
+    "grad_norm",
+    "norm_test",
+    "mean_gsnr",
+    "early_stopping",
+    "cabs",
+    "cabs_optimizer",
+    "inner_test",
+    "ortho_test",
+    "noise_scale",
+}
+"""Equal to the reference with equal splits; refused with unequal ones (UNEQUAL_REASON)."""
+TWO_STEP = {"update_size", "update_ratio"}
+"""Stored under the step whose update they measure: none at the last step."""
+PROJECTS = {"inner_test", "ortho_test", "noise_scale"}
+"""Read BATCH_PROJECTION: one gathered gradient per parameter and step, one at a time."""
 REFUSED = {
-    "grad_norm": PARAMS_REASON,
-    "distance": PARAMS_REASON,
-    "update_size": PARAMS_REASON,
-    "norm_test": PARAMS_REASON,
-    "mean_gsnr": PARAMS_REASON,
-    "early_stopping": PARAMS_REASON,
-    "cabs": PARAMS_REASON,
-    "inner_test": PROJECTION_REASON.format(stat="batch_projection"),
-    "ortho_test": PROJECTION_REASON.format(stat="batch_projection"),
+    "parameters": PARAMS_REASON,  # reads ctx.params without declaring shards
     "alpha": PROJECTION_REASON.split("{stat}")[1],
     "hess_max_ev": HVP_REASON,
     "noise_scale_cheap": MICRO_BATCH_REASON,
 }
+
+
+def assert_close(actual, expected, path: str) -> None:
+    """``assert_same`` at ``RTOL``; non-finite entries identical (``update_ratio``'s ``inf``).
+
+    ``assert_same`` scales its absolute tolerance by the largest entry, which an ``inf``
+    (a parameter of norm 0, such as a bias initialised to zero) would make infinite.
+    """
+    if isinstance(expected, dict):
+        assert set(actual) == set(expected), path
+        for k in expected:
+            assert_close(actual[k], expected[k], f"{path}.{k}")
+        return
+    if isinstance(expected, (float, np.ndarray, np.number)):
+        e, a = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+        finite = np.isfinite(e)
+        assert np.array_equal(np.isfinite(a), finite), path
+        assert np.array_equal(a[~finite], e[~finite], equal_nan=True), path
+        assert_same(a[finite], e[finite], RTOL, path)
+        return
+    assert_same(actual, expected, RTOL, path)
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +225,11 @@ def test_quantities_from_the_shards_equal_one_process_on_the_global_batch(
         output = result[(how, sizes)]["output"]
         assert set(output) == set(range(STEPS)), f"rank{rank}"
         for step in range(STEPS):
-            assert set(output[step]) == exact, f"rank{rank} step {step}"
-            for key in exact:
+            wanted = exact - TWO_STEP if step == STEPS - 1 else exact
+            assert set(output[step]) == wanted, f"rank{rank} step {step}"
+            for key in wanted:
                 reference = expected[step][SHARD_AWARE.get(key, key)]
-                assert_same(output[step][key], reference, RTOL, f"rank{rank} {step} {key}")
+                assert_close(output[step][key], reference, f"rank{rank} {step} {key}")
             # counts are integers: identical, not close
             hist, ref_hist = output[step]["grad_hist_1d"], expected[step]["grad_hist_1d"]
             assert np.array_equal(hist["hist"], ref_hist["hist"]), f"rank{rank} {step}"
@@ -189,6 +237,15 @@ def test_quantities_from_the_shards_equal_one_process_on_the_global_batch(
             assert hist["hist"].sum() == sum(sizes) * sum(
                 p.numel() for p in make_model().parameters()
             )
+
+
+@pytest.mark.parametrize("sizes", SIZES, ids=IDS)
+def test_first_party_quantities_are_exact_except_those_refused(outputs, sizes):
+    """The lists above cover every tracked quantity: exact, refused, or gradient-refused."""
+    run = outputs[0][("exact", sizes)]
+    keys = {k for values in run["output"].values() for k in values}
+    keys |= {e["quantity"] for e in run["errors"]}
+    assert keys == EXACT | NEEDS_GRADIENT | set(REFUSED)
 
 
 @pytest.mark.parametrize("sizes", SIZES, ids=IDS)
@@ -248,17 +305,35 @@ def test_micro_batches_combine_as_one_process_on_the_global_batch(outputs, refer
                 assert_same(value, reference, RTOL, f"rank{rank} {step} {key}")
 
 
-def test_cockpit_gathers_no_parameter(outputs):
-    """Cockpit's own collectives are small integer layouts; no DTensor is gathered."""
+def test_cockpit_gathers_no_parameter_and_one_gradient_at_a_time(outputs):
+    """No DTensor is gathered; of the gradient, one parameter at a time (projections).
+
+    Cockpit's own gathers are small integer layouts, and, at equal splits (where
+    ``BATCH_PROJECTION`` is formed), each parameter's gradient once per tracked step
+    (padded to the processes' equal chunks), all into one buffer of the largest
+    parameter's size: one address, so never two gathered gradients at once.
+    """
+    params = list(make_model().parameters())
+    padded = [2 * -(-p.shape[0] // 2) * (p.numel() // p.shape[0]) for p in params]
     for rank, result in enumerate(outputs):
         for sizes in SIZES:
             seen = result[("exact", sizes)]["gathers"]
             assert seen, "the spy saw nothing: it does not watch cockpit's collectives"
-            kinds = {what for what, _, _ in seen}
-            assert kinds <= {"all_gather"}, f"rank{rank}: {kinds}"
-            assert {dtype for _, dtype, _ in seen} == {"torch.int64"}, f"rank{rank}: {seen}"
-            smallest = min(p.numel() for p in make_model().parameters() if p.dim() > 1)
-            assert max(n for _, _, n in seen) < 2 * smallest * 26, seen
+            layouts = [g for g in seen if g[1] == "torch.int64"]
+            gradients = [g for g in seen if g[1] != "torch.int64"]
+            assert {g[0] for g in layouts} <= {"all_gather"}, f"rank{rank}: {layouts}"
+            smallest = min(p.numel() for p in params if p.dim() > 1)
+            assert max(g[2] for g in layouts) < 2 * smallest * 26, layouts
+            if sizes[0] != sizes[1]:  # the gradient's rows are not g's: nothing to project
+                assert gradients == [], f"rank{rank}: {gradients}"
+                continue
+            assert {g[0] for g in gradients} <= {"all_gather_single", "all_gather_into_tensor"}
+            assert {g[1] for g in gradients} == {"torch.float64"}, gradients
+            assert [g[2] for g in gradients] == padded * STEPS, f"rank{rank}"
+            for step in range(STEPS):  # one buffer per step, one parameter's size
+                buffers = {g[3:] for g in gradients[step * len(params) : (step + 1) * len(params)]}
+                assert len(buffers) == 1, f"rank{rank} step {step}: {buffers}"
+                assert buffers.pop()[1] == max(padded) * 8, f"rank{rank} step {step}"
 
 
 def test_parameter_names_are_those_of_the_model(outputs, references):
@@ -342,3 +417,35 @@ def test_a_gradient_sync_failing_on_one_process_fails_the_step_everywhere(sync_r
         for step in set(range(STEPS)) - {FAILING_STEP}:
             for key, value in clean["output"][step].items():
                 assert_same(failed["output"][step][key], value, 1e-12, f"rank{rank} {key}")
+
+
+# -- whether the model was sharded after the Cockpit was built: remembered per model --------
+
+
+def test_the_models_layout_is_listed_once_and_again_when_a_parameter_is_replaced(monkeypatch):
+    """``holds_sharded`` lists the model's parameters once, and again only after a change."""
+
+    class Marked(torch.nn.Parameter):  # stands for a DTensor (no process group needed)
+        pass
+
+    monkeypatch.setattr(sharded, "_SHARDED", (Marked,))
+    model = make_model()
+    listed = []
+    modules = model.modules
+
+    def counting() -> Any:
+        listed.append(1)
+        return modules()
+
+    monkeypatch.setattr(model, "modules", counting)
+    assert not sharded.holds_sharded(model)
+    assert not sharded.holds_sharded(model)
+    assert len(listed) == 1, "listed again though nothing changed"
+    head = model.head
+    head.weight = Marked(head.weight.detach().clone())  # what fully_shard does, per module
+    assert sharded.holds_sharded(model)
+    assert len(listed) == 2
+    assert sharded.holds_sharded(model)
+    assert len(listed) == 2
+    other = make_model()  # another model: its own answer
+    assert not sharded.holds_sharded(other)

@@ -10,6 +10,7 @@ class GradNorm(Quantity):
     """Gradient norm ``||g||_2`` per parameter and over all parameters."""
 
     name = "grad_norm"
+    shards = True  # FSDP2: ctx.grads are this process's rows; norms() sums over processes
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": ||g||, "per_param": [||g_i||]}``."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from cockpit_core import Quantity, Requirements, StepContext
+from cockpit_core import Quantity, Requirements, StepContext, tracked_params
 
 IMPLEMENTATION_FLAGS = frozenset({"foreach", "fused", "capturable", "differentiable"})
 """Param-group entries that choose a kernel, not the math: left out of the record."""
@@ -64,6 +64,9 @@ class OptimizerHparams(Quantity):
     ``optimizer.step()`` shows at the next step). Wrappers with an ``optimizer`` or
     ``_optimizer`` attribute (accelerate, Lightning) are unwrapped.
 
+    Under FSDP2 the groups are matched against the tracked ``DTensor`` s (the optimizer's
+    parameters), not the local rows (``cockpit_core.tracked_params``).
+
     It needs no ``info`` key: without ``info["optimizer"]`` it records nothing at that step
     (so presets can include it at no cost), and the panels that use it say so.
     """
@@ -82,6 +85,6 @@ class OptimizerHparams(Quantity):
                 f"info['optimizer'] is a {type(optimizer).__name__} without param_groups; "
                 "pass the torch.optim.Optimizer that updates the tracked parameters."
             )
-        tracked = {id(p) for p in ctx.params}
+        tracked = {id(p) for p in tracked_params(ctx.params)}  # the optimizer's own tensors
         chosen = [group_hparams(g) for g in groups if any(id(p) in tracked for p in g["params"])]
         return {"optimizer": type(optimizer).__name__, "groups": chosen}

@@ -14,9 +14,11 @@ class UpdateSize(TwoStepQuantity):
     Two-step: the parameters are copied at a tracked step ``s`` and compared at the next
     step; the value is stored under ``s`` (the step whose update it measures), as in
     Cockpit 1.0.2. It measures whatever the optimizer did (momentum, Adam, weight decay).
+    Under FSDP2 each process copies and compares its own rows.
     """
 
     name = "update_size"
+    shards = True  # FSDP2: ctx.params are this process's rows; norms() sums over processes
 
     def compute_start(self, ctx: StepContext) -> Any:
         """Copy the parameters before the optimizer step (one fused copy of all of them)."""

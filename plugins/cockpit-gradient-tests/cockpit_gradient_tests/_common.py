@@ -14,6 +14,12 @@ Notation (also used in the docstrings of the quantities): ``g_n`` is the gradien
 ``n``'s own loss, ``g = (1/B) sum_n g_n`` the mini-batch gradient (``p.grad``), ``B`` the
 batch size, ``D`` the number of parameter entries. A subscript ``p`` restricts a vector to
 the entries of one parameter (one "layer" of the per-parameter breakdown).
+
+Under FSDP2 (``fully_shard``) the quantities declare ``shards = True``: ``ctx.grads`` and
+``SUM_GRAD_SQUARED`` hold this process's rows, and every sum over a parameter's entries
+(:func:`squared_norms`, :meth:`ShapeGroups.sums`, the entry counts) is summed over the
+processes with :func:`~cockpit_core.shard_sum` (a no-op elsewhere). The per-sample
+statistics (``[B]`` rows) are the global batch's already.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from cockpit_core import (
     MisuseError,
     Statistic,
     StepContext,
+    shard_sum,
 )
 
 
@@ -79,9 +86,10 @@ def squared_norms(tensors: Sequence[Tensor]) -> Tensor:
     Rounding: torch's CPU norm kernel accumulates sequentially, a relative error of about
     ``1e-16 sqrt(n)`` for ``n`` entries (``1e-13`` for a million; a pairwise ``sum`` stays
     near ``1e-16``). That is float64 rounding all the same, far below the float32 rounding of
-    the per-sample statistics of float32 models these norms are compared with.
+    the per-sample statistics of float32 models these norms are compared with. Under
+    FSDP2 the tensors are this process's rows: the squares are summed over the processes.
     """
-    return torch.stack(torch._foreach_norm(list(tensors), 2, dtype=torch.float64)).pow(2)
+    return shard_sum(torch.stack(torch._foreach_norm(list(tensors), 2, dtype=torch.float64)).pow(2))
 
 
 def grad_squared_norms(ctx: StepContext) -> Tensor:
@@ -116,7 +124,8 @@ class ShapeGroups:
 
     Attributes:
         indices: The parameter indices of each group, in order of first appearance.
-        numel: The number of entries of each parameter, in parameter order.
+        numel: The number of entries of each parameter here (this process's rows under
+            FSDP2), in parameter order.
 
     """
 
@@ -135,7 +144,22 @@ class ShapeGroups:
         return [torch.stack([tensors[i] for i in index]).double() for index in self.indices]
 
     def sums(self, stacks: Sequence[Tensor]) -> Tensor:
-        """The sum of each parameter's entries in ``stacks`` (from :meth:`stack64`), ``[P]``."""
+        """The sum of each parameter's entries in ``stacks`` (from :meth:`stack64`), ``[P]``.
+
+        Over all processes' rows under FSDP2 (one :func:`~cockpit_core.shard_sum`).
+        """
+        return shard_sum(self._local_sums(stacks))
+
+    def means(self, stacks: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        """``(sums, counts)``: :meth:`sums` and each parameter's number of entries, ``[P]``.
+
+        Both over all processes' rows under FSDP2, in one :func:`~cockpit_core.shard_sum`.
+        """
+        sums = self._local_sums(stacks)
+        both = shard_sum(torch.stack([sums, sums.new_tensor(self.numel)]))
+        return both[0], both[1]
+
+    def _local_sums(self, stacks: Sequence[Tensor]) -> Tensor:
         sums = torch.cat([s.reshape(len(s), math.prod(s.shape[1:])).sum(1) for s in stacks])
         return sums[torch.tensor(self._position, device=sums.device)]
 

@@ -16,6 +16,7 @@ from cockpit_core import (
     Requirements,
     StepContext,
     layered,
+    tracked_params,
 )
 from cockpit_gradient_tests._common import elementwise_variances
 
@@ -53,10 +54,12 @@ class CABS(Quantity):
     derivation: read it as a trend (how the noise-to-loss ratio evolves), not as a batch size.
 
     Output: ``{"total": B_cabs, "per_param": [lr_p tr(Sigma_p) / L]}``; the entries sum to
-    the total.
+    the total. Under FSDP2 the traces are sums of every process's rows and the learning
+    rates are looked up for the tracked ``DTensor`` s (``cockpit_core.tracked_params``).
     """
 
     name = "cabs"
+    shards = True  # FSDP2: rows of ctx.grads; _common sums over processes
     Config = CABSConfig
     config: CABSConfig
 
@@ -76,7 +79,8 @@ class CABS(Quantity):
     def _learning_rates(self, ctx: StepContext) -> list[float]:
         if self.config.lr is not None:
             return [self.config.lr] * len(ctx.params)
-        return learning_rates(ctx.info["optimizer"], ctx.params, ctx.param_names, self.key)
+        params = tracked_params(ctx.params)  # as the optimizer holds them (FSDP2: DTensors)
+        return learning_rates(ctx.info["optimizer"], params, ctx.param_names, self.key)
 
 
 def learning_rates(

@@ -47,6 +47,7 @@ class EarlyStopping(Quantity):
     """
 
     name = "early_stopping"
+    shards = True  # FSDP2: rows of ctx.grads; _common sums over processes
     Config = EarlyStoppingConfig
     config: EarlyStoppingConfig
     REQUIREMENTS = Requirements(statistics=(SUM_GRAD_SQUARED,))
@@ -55,6 +56,5 @@ class EarlyStopping(Quantity):
         """Return ``{"total": float, "per_param": np.ndarray}`` of the criterion."""
         batch_size, groups, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=True)
         snr = torch._foreach_div(grad_sq, torch._foreach_add(var, self.config.epsilon))
-        sums = groups.sums(snr)
-        sizes = sums.new_tensor(groups.numel)
+        sums, sizes = groups.means(snr)
         return layered(1 - batch_size * sums.sum() / sizes.sum(), 1 - batch_size * sums / sizes)

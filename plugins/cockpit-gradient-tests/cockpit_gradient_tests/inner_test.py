@@ -31,6 +31,7 @@ class InnerTest(Quantity):
     """
 
     name = "inner_test"
+    shards = True  # FSDP2: rows of ctx.grads; _common sums over processes
     REQUIREMENTS = Requirements(statistics=(BATCH_PROJECTION, BATCH_L2))
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class MeanGSNR(Quantity):
     """
 
     name = "mean_gsnr"
+    shards = True  # FSDP2: rows of ctx.grads; _common sums over processes
     Config = MeanGSNRConfig
     config: MeanGSNRConfig
     REQUIREMENTS = Requirements(statistics=(SUM_GRAD_SQUARED,))
@@ -49,6 +50,5 @@ class MeanGSNR(Quantity):
         """Return ``{"total": float, "per_param": np.ndarray}`` of the mean GSNR."""
         _, groups, grad_sq, var = elementwise_variances(ctx, self.key, unbiased=False)
         gsnr = torch._foreach_div(grad_sq, torch._foreach_add(var, self.config.epsilon))
-        sums = groups.sums(gsnr)
-        sizes = sums.new_tensor(groups.numel)
+        sums, sizes = groups.means(gsnr)
         return layered(sums.sum() / sizes.sum(), sums / sizes)

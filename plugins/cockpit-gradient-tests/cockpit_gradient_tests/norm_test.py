@@ -30,6 +30,7 @@ class NormTest(Quantity):
     """
 
     name = "norm_test"
+    shards = True  # FSDP2: rows of ctx.grads; _common sums over processes
     REQUIREMENTS = Requirements(statistics=(BATCH_L2,))
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:

@@ -30,6 +30,7 @@ class OrthoTest(Quantity):
     """
 
     name = "ortho_test"
+    shards = True  # FSDP2: rows of ctx.grads; _common sums over processes
     REQUIREMENTS = Requirements(statistics=(BATCH_PROJECTION, BATCH_L2))
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:

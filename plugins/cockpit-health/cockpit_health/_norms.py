@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from cockpit_core import shard_sum
+
 
 def groups(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
     """The positions of ``tensors`` grouped by device and dtype, in order of first appearance."""
@@ -14,6 +16,19 @@ def groups(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], 
     for i, t in enumerate(tensors):
         out.setdefault((t.device, t.dtype), []).append(i)
     return out
+
+
+def whole_norms(tensors: Sequence[Tensor]) -> Tensor:
+    """:func:`norms` of the whole parameters when ``tensors`` are FSDP2 rows.
+
+    Under FSDP2 (a quantity that declares ``shards = True``) the tensors are this process's
+    rows: their squared norms are summed over the processes
+    (:func:`~cockpit_core.shard_sum`) before the square root. Elsewhere :func:`norms`.
+    """
+    per_param = norms(tensors)
+    squares = per_param.square()
+    summed = shard_sum(squares)
+    return per_param if summed is squares else summed.sqrt()
 
 
 def norms(tensors: Sequence[Tensor]) -> Tensor:

@@ -15,6 +15,7 @@ from cockpit_core import (
     Quantity,
     Requirements,
     StepContext,
+    shard_sum,
 )
 
 
@@ -59,7 +60,8 @@ class NoiseScale(Quantity):
 
     ``B`` is the leading dimension of the per-sample statistics. Under ``torch.distributed``
     the core gathers them over the processes and ``g`` is the global gradient, so every
-    number describes the global batch; nothing is specific to this quantity. Sums over
+    number describes the global batch; nothing is specific to this quantity. Under FSDP2
+    ``|g|^2`` is summed from every process's rows of ``g``. Sums over
     samples and parameters run in float64.
 
     Output: ``{"b_simple", "se", "trace_cov", "grad_sq"}`` (floats) and ``"batch_size"``
@@ -69,6 +71,7 @@ class NoiseScale(Quantity):
     """
 
     name = "noise_scale"
+    shards = True  # FSDP2: rows of ctx.grads, |g|^2 summed over processes
     REQUIREMENTS = Requirements(statistics=(BATCH_L2, BATCH_PROJECTION))
 
     def compute(self, ctx: StepContext) -> dict[str, float]:
@@ -87,9 +90,14 @@ class NoiseScale(Quantity):
             sq_norms = torch.zeros(batch_size, dtype=torch.float64, device=device)
         if projections is None:
             projections = torch.zeros(batch_size, dtype=torch.float64, device=device)
-        grad_sq = sum(
-            (torch.linalg.vector_norm(g, dtype=torch.float64).to(device) ** 2 for g in ctx.grads),
-            start=torch.zeros((), dtype=torch.float64, device=device),
+        grad_sq = shard_sum(  # FSDP2: the rows' sums over the processes
+            sum(
+                (
+                    torch.linalg.vector_norm(g, dtype=torch.float64).to(device) ** 2
+                    for g in ctx.grads
+                ),
+                start=torch.zeros((), dtype=torch.float64, device=device),
+            )
         )
         return noise_scale_estimates(sq_norms, projections, grad_sq, batch_size)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cockpit_core import Quantity, StepContext, layered
-from cockpit_health._norms import norms
+from cockpit_health._norms import whole_norms
 
 
 class ParamNorm(Quantity):
@@ -20,15 +20,17 @@ class ParamNorm(Quantity):
     signals weight growth that weight decay does not hold back, a drop that decay (or a
     too-large update) shrinks the weights, and a jump the step that broke the run.
     Reduced in float32 (float64 for float64 weights), a few fused kernels for the whole
-    model: relative error about ``1e-6`` (:func:`cockpit_health._norms.norms`).
+    model: relative error about ``1e-6`` (:func:`cockpit_health._norms.norms`). Under FSDP2
+    each process reduces its rows and the squares are summed over the processes.
 
     Output: ``{"total": float, "per_param": np.ndarray}``, ``per_param`` in the order of
     the parameters the Cockpit tracks. Cost: one pass over the parameters.
     """
 
     name = "param_norm"
+    shards = True  # FSDP2: rows of ctx.params; whole_norms sums over processes
 
     def compute(self, ctx: StepContext) -> dict[str, Any]:
         """Return ``{"total": ||theta||, "per_param": [||theta_i||]}``."""
-        per_param = norms(ctx.params)
+        per_param = whole_norms(ctx.params)
         return layered(per_param.norm(), per_param)

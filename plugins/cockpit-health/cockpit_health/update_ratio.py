@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from cockpit_core import StepContext, TwoStepQuantity, layered
-from cockpit_health._norms import norms
+from cockpit_health._norms import whole_norms
 
 
 class UpdateRatio(TwoStepQuantity):
@@ -41,21 +41,22 @@ class UpdateRatio(TwoStepQuantity):
     bfloat16/float16 weights are subtracted exactly), in place in the copy.
 
     Output: ``{"total": float, "per_param": np.ndarray}``. Memory: one copy of the model
-    between the two steps.
+    between the two steps (under FSDP2 each process copies and compares its own rows).
     """
 
     name = "update_ratio"
+    shards = True  # FSDP2: rows of ctx.params; whole_norms sums over processes
 
     def compute_start(self, ctx: StepContext) -> tuple[Tensor, list[Tensor]]:
         """``(||theta_s,i||, copies of the parameters)`` before the optimizer step."""
         with torch.no_grad():
-            return norms(ctx.params), list(torch._foreach_clone(list(ctx.params)))
+            return whole_norms(ctx.params), list(torch._foreach_clone(list(ctx.params)))
 
     def compute_end(self, ctx: StepContext, state: tuple[Tensor, list[Tensor]]) -> dict[str, Any]:
         """Return ``{"total": ..., "per_param": [...]}`` of ``||Delta theta|| / ||theta_s||``."""
         before, copies = state
         with torch.no_grad():
-            change = norms(_changes(ctx.params, copies))
+            change = whole_norms(_changes(ctx.params, copies))
             per_param = change / before  # x / 0 = inf, 0 / 0 = nan, as documented
             total = change.norm() / before.norm()
         return layered(total, per_param)
