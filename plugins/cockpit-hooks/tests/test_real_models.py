@@ -119,6 +119,28 @@ def _classifier(make: Callable[[], torch.nn.Module], shape: tuple, classes: int)
     return {"make": make, "losses": losses}
 
 
+def tiny_t5() -> torch.nn.Module:
+    """A ``transformers`` T5 from a tiny config: relative position bias tables (an embedding
+    over ``[T, T]`` buckets, permuted, causally masked with ``torch.where`` in the decoder,
+    passed to ``scaled_dot_product_attention`` as its mask), RMS norms, tied embeddings."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=VOCAB,
+        d_model=16,
+        d_kv=8,
+        d_ff=32,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=8,
+        decoder_start_token_id=0,
+        dropout_rate=0.0,
+    )
+    return transformers.T5ForConditionalGeneration(config)
+
+
 def _seeded(factory: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
     def make() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -132,13 +154,14 @@ MODELS = {
     "llama": _lm(lambda: tiny_llama(), lambda m, ids: m(input_ids=ids).logits),
     "llama_tied": _lm(lambda: tiny_llama(tie=True), lambda m, ids: m(input_ids=ids).logits),
     "nanogpt": _lm(_seeded(NanoGPT), lambda m, ids: m(ids)[0]),
+    "t5": _lm(tiny_t5, lambda m, ids: m(input_ids=ids, decoder_input_ids=ids).logits),
     "vit": _classifier(_seeded(ViT), (3, 8, 8), 5),
     "custom_leaf": _classifier(_seeded(CustomLeafNet), (6,), 5),
     "batchnorm_eval": _classifier(_seeded(_batchnorm_cnn), (3, 8, 8), 5),
 }
 """name -> model factory and per-sample losses of a step."""
 
-NEEDS_TRANSFORMERS = {"gpt2", "llama", "llama_tied"}
+NEEDS_TRANSFORMERS = {"gpt2", "llama", "llama_tied", "t5"}
 
 RULES = {
     "gpt2": {
@@ -153,6 +176,14 @@ RULES = {
         "transformer.wte.weight": "Embedding + Linear rules (tied",
         "transformer.wpe.weight": "Embedding rule, its output captured where broadcast",
         "transformer.h.0.ln_1.weight": "functional rule (F.layer_norm)",
+    },
+    "t5": {
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": (
+            "Embedding rule, its output captured where broadcast"
+        ),
+        "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight": (
+            "Embedding rule, its output captured where broadcast"
+        ),
     },
     "vit": {
         "cls_token": "captured where broadcast into the batch (TensorBase.expand)",
