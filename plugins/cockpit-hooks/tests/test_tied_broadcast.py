@@ -196,6 +196,42 @@ def test_a_bias_masked_and_passed_to_attention_as_its_mask(h, causal):
     r.cockpit.close()
 
 
+class ScaledEmbedding(nn.Embedding):
+    """Gemma's word embedding: the looked-up rows times ``sqrt(dim)``."""
+
+    def forward(self, ids):
+        return super().forward(ids) * D**0.5
+
+
+class PlainSubclass(nn.Embedding):
+    """A subclass that keeps ``nn.Embedding``'s forward."""
+
+
+class ScaledLM(nn.Module):
+    """A scaled embedding tied to the output head, positions from a plain subclass."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = ScaledEmbedding(V, D)
+        self.wpe = PlainSubclass(T, D)
+        self.head = nn.Linear(D, V, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx):
+        pos = self.wpe(torch.arange(idx.shape[1]).expand(idx.shape[0], -1))
+        return self.head(torch.tanh(self.wte(idx) + pos))
+
+
+def test_embedding_subclasses_tied_to_the_head(h):
+    torch.manual_seed(0)
+    r = h.run(ScaledLM().double(), lambda m, s: _losses(m(_ids(s))), steps=2)
+    h.check(r, "tied + broadcast positions")
+    how = {n: r.cockpit._router.providers["hooks"].describe(s) for n, s in _slots(r)}
+    assert how["wte.weight"].startswith("Embedding + Linear rules (tied"), how["wte.weight"]
+    assert how["wpe.weight"].startswith("Embedding rule"), how["wpe.weight"]
+    r.cockpit.close()
+
+
 def _slots(r):
     return [(slot.name, slot) for slot in r.cockpit._router.slots]
 

@@ -13,7 +13,7 @@ from cockpit_hooks.rules.base import Rule, Use
 from cockpit_hooks.rules.batchnorm import BatchNormRule
 from cockpit_hooks.rules.conv import ConvRule
 from cockpit_hooks.rules.conv1d import Conv1DRule
-from cockpit_hooks.rules.embedding import EmbeddingRule
+from cockpit_hooks.rules.embedding import EmbeddingRule, EmbeddingSubclassRule
 from cockpit_hooks.rules.functional import FunctionalRule
 from cockpit_hooks.rules.generic import GenericRule
 from cockpit_hooks.rules.linear import LinearRule
@@ -23,6 +23,7 @@ RULES: tuple[Rule, ...] = (
     LinearRule(),
     Conv1DRule(),
     EmbeddingRule(),
+    EmbeddingSubclassRule(),
     LayerNormRule(),
     GroupNormRule(),
     BatchNormRule(),

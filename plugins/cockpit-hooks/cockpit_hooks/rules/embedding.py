@@ -13,9 +13,11 @@ outside autograd, so the formula holds for the renormalized weight.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from cockpit_core import EmbeddingGrads, PerSampleGrads
@@ -60,3 +62,38 @@ class EmbeddingRule(Rule):
             embedding.num_embeddings,
             embedding.padding_idx,
         )
+
+
+class EmbeddingSubclassRule(EmbeddingRule):
+    """Subclasses of ``nn.Embedding``, e.g. Gemma's word embedding (``F.embedding(...) * scale``).
+
+    A subclass may change what its ``forward`` does around the lookup, so the module's
+    output is not the looked-up rows: the rule intercepts the ``F.embedding`` call on the
+    module's own weight inside ``forward`` and observes that call's output. A ``forward``
+    that looks rows up otherwise leaves the weight's gradient unexplained, which the
+    provider's mean check reports.
+    """
+
+    label = "Embedding"
+    intercepts = staticmethod(F.embedding)
+
+    def handles(self, module: torch.nn.Module) -> bool:
+        """Strict subclasses of ``nn.Embedding`` (the exact type has :class:`EmbeddingRule`)."""
+        return isinstance(module, torch.nn.Embedding) and type(module) is not torch.nn.Embedding
+
+    def intercept(
+        self,
+        module: torch.nn.Module,
+        record: Callable[[Use], None],
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """The lookup, its use recorded when it reads the module's own weight."""
+        out = func(*args, **kwargs)
+        indices = args[0] if args else kwargs.get("input")
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if weight is getattr(module, "weight", None) and isinstance(indices, Tensor):
+            if isinstance(out, Tensor):
+                record(Use(((module, "weight"),), indices.detach(), out))
+        return out
