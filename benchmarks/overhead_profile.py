@@ -63,12 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     problem = get_problem(args.problem)
     model = problem.make_model()
     plain_model = copy.deepcopy(model)
-    loss_fn = plain_loss = torch.nn.CrossEntropyLoss()
+    loss_fn, plain_loss = problem.loss_module(), problem.loss_module()
     if args.problem not in NOT_EXTENDED:
-        model, loss_fn = (
-            cockpit_backpack.extend(model),
-            cockpit_backpack.extend(torch.nn.CrossEntropyLoss()),
-        )
+        model, loss_fn = cockpit_backpack.extend(model), cockpit_backpack.extend(loss_fn)
     gen = torch.Generator().manual_seed(1)
     batches = [problem.make_batch(gen) for _ in range(N_BATCHES)]
     spec = args.config.split(",") if "," in args.config else args.config
@@ -90,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         plain_opt.step()
 
     def ours_step(step: int) -> None:
-        tracked_step(cp, model, loss_fn, opt, batches[step % N_BATCHES], step)
+        batch = batches[step % N_BATCHES]
+        tracked_step(cp, model, loss_fn, opt, batch, step, per_sample=problem.per_sample)
 
     cpu: dict[str, list[float]] = {"plain": [], "tracked": []}
 
