@@ -178,19 +178,28 @@ def refusal(
 
 
 class _Layout:
-    """Where a model keeps each of its parameters, and whether any of them is a ``DTensor``."""
+    """Where a model keeps each of its parameters, and whether any of them is a ``DTensor``.
+
+    Modules and parameters are held by weak references: the layout is the value of a
+    ``WeakKeyDictionary`` keyed by the model, which a strong reference would keep alive
+    (and with it every Cockpit attached to the model).
+    """
 
     def __init__(self, model: torch.nn.Module):
         self.slots = [
-            (module, name, p)
+            (weakref.ref(module), name, weakref.ref(p))
             for module in model.modules()
             for name, p in module.named_parameters(recurse=False)
         ]
-        self.sharded = any(isinstance(p, _SHARDED) for _, _, p in self.slots)
+        self.sharded = any(isinstance(p(), _SHARDED) for _, _, p in self.slots)
 
     def unchanged(self) -> bool:
         """Whether every parameter is still the one registered where it was listed."""
-        return all(getattr(module, name, None) is p for module, name, p in self.slots)
+        for module_ref, name, param_ref in self.slots:
+            module, param = module_ref(), param_ref()
+            if module is None or param is None or getattr(module, name, None) is not param:
+                return False
+        return True
 
 
 _LAYOUTS: weakref.WeakKeyDictionary[torch.nn.Module, _Layout] = weakref.WeakKeyDictionary()

@@ -449,3 +449,16 @@ def test_the_models_layout_is_listed_once_and_again_when_a_parameter_is_replaced
     assert len(listed) == 2
     other = make_model()  # another model: its own answer
     assert not sharded.holds_sharded(other)
+
+
+def test_the_remembered_layout_does_not_keep_the_model_alive():
+    """The answer is kept per model without a strong reference to it (nor its Cockpits)."""
+    import gc
+    import weakref
+
+    model = make_model()
+    assert not sharded.holds_sharded(model)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
