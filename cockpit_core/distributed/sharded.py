@@ -235,6 +235,11 @@ def task_refusal(requirements: Any) -> str | None:
         return HVP_REASON
     if getattr(requirements, "micro_batch_norms", False):
         return MICRO_BATCH_REASON
+    for stat in getattr(requirements, "statistics", ()):
+        # refused before the step: its compact per-sample forms (every layer's inputs and
+        # output gradients) would otherwise be kept through backward for nothing
+        if stat.combine == "project" and stat.fn is not None:
+            return PROJECTION_REASON.format(stat=stat.describe())
     return None
 
 

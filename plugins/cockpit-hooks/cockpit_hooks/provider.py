@@ -430,7 +430,7 @@ class HooksProvider(StatisticProvider):
             if formed is None:
                 return  # reported after backward (the hooks saw no use)
             grads, how = formed
-            if total is not None:
+            if total is not None and (col.eager or self._verified.get(i) != how):
                 # autograd's gradient of this pass is the mean of the per-sample gradients
                 # (times B_k / B and the loss scale): compare whenever the parameter is
                 # served another way than at the last comparison, then reuse it, so eager
@@ -440,8 +440,9 @@ class HooksProvider(StatisticProvider):
                     dtype = self._coarsest(i, total)
                     floor = self._rounding_floor(i, dtype) * col.per_sample_scale / samples
                     self._verify(i, how, grads.mean(), mean, dtype, floor)
-                # an instance's method replaced by a closure: not expressible in the types
-                grads.mean = lambda mean=mean: mean  # type: ignore[method-assign,misc]
+                if col.eager:  # projected now: deferred forms would keep a layer-sized copy
+                    # an instance's method replaced by a closure: not expressible in the types
+                    grads.mean = lambda mean=mean: mean  # type: ignore[method-assign,misc]
         except Exception as err:  # never break backward(): report the statistic missing
             self._fail(col, i, str(err))
             return
