@@ -249,6 +249,10 @@ def test_training_goes_on_with_the_gradients_of_an_untracked_copy(mode, autocast
     assert not errors, errors
     # the math kernel is left after every backward pass
     assert torch._C._get_flash_sdp_enabled()
+    # closed: under reentrant checkpointing an unclosed Cockpit is not garbage-collected
+    # (found, not fixed: see the session note), and its wishes (eager compiled code,
+    # BackPACK hooks) would outlive the test
+    cp.close()
 
 
 @pytest.mark.parametrize("mode", list(MODES))

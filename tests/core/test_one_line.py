@@ -409,6 +409,9 @@ def test_micro_batch_losses_scaled_wrongly_leave_the_statistics_missing():
     failed = {e["quantity"] for e in cp.errors}
     assert "norm_test" in failed and "loss" in cp.get_output()[0]
     assert any("B_k / B" in e["error"] for e in cp.errors if e["quantity"] == "norm_test")
+    # closed: after this run the Cockpit is not garbage-collected (found, not fixed: see the
+    # session note), and its wishes (eager compiled code, BackPACK hooks) would outlive it
+    cp.close()
 
 
 # -- what cockpit cannot observe -------------------------------------------------------------------
